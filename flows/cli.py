@@ -1,0 +1,453 @@
+"""The ``shardflow`` command: each stage on its own, or all three as one Prefect flow run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_catalog.errors import ShardflowError
+
+IMAGE_DATASETS = ("mnist", "fashion-mnist")
+DEFAULT_HOME = "~/.shardflow"
+
+EPILOG = """\
+examples:
+  shardflow run fashion-mnist --np 2 --epochs 3      ingest, preprocess, train (a Prefect flow)
+  shardflow ingest mnist --source http://host/mnist/  fetch the four IDX files into the catalog
+  shardflow preprocess mnist --workers 2               Parquet shards on a Dask LocalCluster
+  shardflow train mnist --np 2 --epochs 5              horovodrun -np 2 on localhost (Gloo)
+  shardflow catalog list                               what the catalog holds
+
+Data and catalog live under $SHARDFLOW_HOME (default ~/.shardflow): catalog/ holds every
+dataset and model version, runs/ the training runs' checkpoints and logs.
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """What every command needs from the process edge."""
+
+    home: Path
+    as_json: bool
+
+    @property
+    def catalog_root(self) -> Path:
+        return self.home / "catalog"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    def catalog(self) -> Any:
+        from data_catalog import Catalog
+
+        return Catalog(self.catalog_root, index_url=os.environ.get("SHARDFLOW_CATALOG_URL"))
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def emit(ctx: Context, result: dict[str, Any], human: Sequence[str]) -> None:
+    """Print the result: readable lines, or with --json one JSON object as the last line."""
+    if ctx.as_json:
+        print(json.dumps(result, sort_keys=True, default=str), flush=True)
+    else:
+        for line in human:
+            print(line, flush=True)
+
+
+# --- stages -------------------------------------------------------------------------------
+
+
+def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
+    from flows import stages
+
+    result = stages.ingest(ctx.catalog(), args.dataset, source=args.source, progress=progress)
+    emit(
+        ctx,
+        result,
+        [
+            f"{args.dataset}@{result['version']}: {result['rows']:,} rows "
+            f"({result['train_rows']:,} train + {result['test_rows']:,} test)"
+        ],
+    )
+    return 0
+
+
+def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
+    from flows import stages
+
+    result = stages.preprocess(
+        ctx.catalog(),
+        args.dataset,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        progress=progress,
+    )
+    emit(
+        ctx,
+        result,
+        [
+            f"{result['name']}@{result['version']}: {result['rows']:,} rows in "
+            f"{result['num_files']} Parquet shards"
+        ],
+    )
+    return 0
+
+
+def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
+    from flows import stages
+
+    result = stages.train(
+        ctx.catalog(),
+        args.dataset,
+        runs_dir=ctx.runs_dir,
+        progress=progress,
+        **_train_options(args),
+    )
+    emit(ctx, result, _train_summary(result))
+    return 0
+
+
+def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
+    from flows.pipeline import pipeline
+
+    result = pipeline(
+        dataset=args.dataset,
+        home=str(ctx.home),
+        source=args.source,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        **_train_options(args),
+    )
+    emit(ctx, result, _train_summary(result))
+    return 0
+
+
+def _train_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "num_ranks": args.np,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "model": args.model,
+        "learning_rate": args.lr,
+        "seed": args.seed,
+        "hosts": args.hosts,
+    }
+
+
+def _train_summary(result: dict[str, Any]) -> list[str]:
+    return [
+        f"{result['model_name']}@{result['version']}: test accuracy "
+        f"{result['test_accuracy']:.4f} after {result['epochs']} epochs on "
+        f"{result['num_ranks']} ranks ({result['train_seconds']:.1f} s of training)"
+    ]
+
+
+# --- catalog -------------------------------------------------------------------------------
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    name, _, version = ref.partition("@")
+    return name, version or None
+
+
+def manifest_json(catalog: Any, manifest: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(manifest.to_json())
+    data["files"] = [
+        {**entry, "path": str(catalog.file_path(manifest, file))}
+        for entry, file in zip(data["files"], manifest.files, strict=True)
+    ]
+    data["directory"] = str(catalog.version_dir(manifest.name, manifest.version))
+    return data
+
+
+def cmd_catalog_list(ctx: Context, args: argparse.Namespace) -> int:
+    catalog = ctx.catalog()
+    rows = []
+    for name in catalog.names():
+        versions = catalog.versions(name)
+        latest = versions[-1]
+        rows.append(
+            {
+                "name": name,
+                "kind": latest.kind,
+                "latest": latest.version,
+                "versions": len(versions),
+                "rows": latest.rows,
+                "created": latest.created,
+            }
+        )
+    lines = [f"{'NAME':32} {'KIND':10} {'LATEST':17} {'VERSIONS':>8} {'ROWS':>12}"]
+    lines += [
+        f"{r['name']:32} {r['kind']:10} {r['latest']:17} {r['versions']:>8} {r['rows']:>12,}"
+        for r in rows
+    ]
+    if not rows:
+        lines = [f"the catalog at {ctx.catalog_root} is empty; start with `shardflow ingest`"]
+    emit(ctx, {"datasets": rows, "root": str(ctx.catalog_root)}, lines)
+    return 0
+
+
+def cmd_catalog_show(ctx: Context, args: argparse.Namespace) -> int:
+    catalog = ctx.catalog()
+    name, version = _split_ref(args.ref)
+    manifest = catalog.get(name, version)
+    data = manifest_json(catalog, manifest)
+    lines = [
+        f"{manifest.name}@{manifest.version} ({manifest.kind}), {manifest.rows:,} rows, "
+        f"created {manifest.created}, code {manifest.code_version}"
+    ]
+    lines += [f"  parent {p.name}@{p.version}" for p in manifest.parents]
+    lines += [f"  source {s.get('uri', s)}" for s in manifest.sources]
+    lines += [f"  {f['path']}  rows={f['rows']}  sha256={f['sha256'][:12]}…" for f in data["files"]]
+    emit(ctx, data, lines)
+    return 0
+
+
+def cmd_catalog_verify(ctx: Context, args: argparse.Namespace) -> int:
+    catalog = ctx.catalog()
+    name, version = _split_ref(args.ref) if args.ref else (None, None)
+    if name is not None:
+        catalog.get(name, version)  # an unknown name is an error, not a clean bill of health
+    problems = catalog.verify(name, version)
+    result = {
+        "ok": not problems,
+        "problems": [{"path": p.path, "reason": p.reason} for p in problems],
+    }
+    lines = [f"BAD {p.path}: {p.reason}" for p in problems] or ["all files match their manifests"]
+    emit(ctx, result, lines)
+    if problems:
+        for p in problems:
+            print(f"shardflow: verify: {p.path}: {p.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_catalog_lineage(ctx: Context, args: argparse.Namespace) -> int:
+    name, version = _split_ref(args.ref)
+    tree = ctx.catalog().lineage(name, version)
+
+    def render(node: dict[str, Any], depth: int) -> list[str]:
+        label = f"{node['name']}@{node['version']}"
+        if node.get("missing"):
+            label += " (missing from catalog)"
+        else:
+            label += f" ({node.get('kind')})"
+        out = ["  " * depth + label]
+        out += ["  " * (depth + 1) + f"source {s.get('uri', s)}" for s in node.get("sources", [])]
+        for parent in node.get("parents", []):
+            out += render(parent, depth + 1)
+        return out
+
+    emit(ctx, tree, render(tree, 0))
+    return 0
+
+
+def cmd_catalog_gc(ctx: Context, args: argparse.Namespace) -> int:
+    removed = ctx.catalog().gc()
+    emit(
+        ctx,
+        {"removed": [str(p) for p in removed]},
+        [f"removed {p}" for p in removed] or ["nothing to remove"],
+    )
+    return 0
+
+
+def cmd_catalog_reindex(ctx: Context, args: argparse.Namespace) -> int:
+    count = ctx.catalog().reindex()
+    emit(ctx, {"versions": count}, [f"indexed {count} versions"])
+    return 0
+
+
+# --- parser --------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON object on the last line of stdout",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks instead of one-line errors"
+    )
+
+
+def _add_dataset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dataset",
+        choices=IMAGE_DATASETS,
+        metavar="DATASET",
+        help=f"one of: {', '.join(IMAGE_DATASETS)}",
+    )
+
+
+def _add_ingest_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source",
+        metavar="URI",
+        help="directory or URL (file://, http(s)://, s3://...) holding train-images-idx3-ubyte, "
+        "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each raw "
+        "or .gz (default: fashion-mnist from Debian's dataset-fashion-mnist, else upstream; "
+        "mnist from the upstream mirrors, digests checked)",
+    )
+
+
+def _add_preprocess_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=2,
+        help="Dask LocalCluster worker processes (default: 2)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="use an existing Dask scheduler (tcp://host:8786) instead of a "
+        "LocalCluster; its workers must see $SHARDFLOW_HOME",
+    )
+
+
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    from training import models
+
+    parser.add_argument(
+        "--np", type=_positive, default=2, help="Horovod ranks (horovodrun -np; default: 2)"
+    )
+    parser.add_argument("--epochs", type=_positive, default=3, help="default: 3")
+    parser.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=32,
+        help="per rank; the global batch is this times --np (default: 32)",
+    )
+    parser.add_argument("--model", choices=models.MODELS, default="cnn", help="default: cnn")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=0.001,
+        help="learning rate for one rank, scaled by --np (default: 0.001)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="default: 0")
+    parser.add_argument(
+        "--hosts", metavar="HOST:SLOTS,...", help="horovodrun -H (default: localhost:NP)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardflow",
+        description="Raw data to a trained model: ingest → Dask preprocessing → Parquet shards "
+        "→ Horovod data-parallel training, every step a catalog version.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ingest = commands.add_parser("ingest", help="fetch raw data into a new raw version")
+    _add_dataset(ingest)
+    _add_ingest_options(ingest)
+    ingest.set_defaults(handler=cmd_ingest)
+
+    preprocess = commands.add_parser(
+        "preprocess", help="latest raw version → Parquet shards on Dask"
+    )
+    _add_dataset(preprocess)
+    _add_preprocess_options(preprocess)
+    preprocess.set_defaults(handler=cmd_preprocess)
+
+    train = commands.add_parser("train", help="train with horovodrun on the processed shards")
+    _add_dataset(train)
+    _add_train_options(train)
+    train.set_defaults(handler=cmd_train)
+
+    run = commands.add_parser("run", help="ingest, preprocess and train as one Prefect flow run")
+    _add_dataset(run)
+    _add_ingest_options(run)
+    _add_preprocess_options(run)
+    _add_train_options(run)
+    run.set_defaults(handler=cmd_run)
+
+    catalog = commands.add_parser("catalog", help="list, show, verify dataset and model versions")
+    actions = catalog.add_subparsers(dest="action", required=True, metavar="ACTION")
+    handlers: dict[str, tuple[Callable[[Context, argparse.Namespace], int], str, str | None]] = {
+        "list": (cmd_catalog_list, "every dataset and model with its latest version", None),
+        "show": (
+            cmd_catalog_show,
+            "one version's manifest (default: the latest)",
+            "NAME[@VERSION]",
+        ),
+        "verify": (
+            cmd_catalog_verify,
+            "recompute every file's digest; non-zero exit on damage",
+            "[NAME[@VERSION]]",
+        ),
+        "lineage": (
+            cmd_catalog_lineage,
+            "the tree of parents back to the raw sources",
+            "NAME[@VERSION]",
+        ),
+        "gc": (cmd_catalog_gc, "remove leftover staging and uncommitted files", None),
+        "reindex": (cmd_catalog_reindex, "rebuild the index from the manifests", None),
+    }
+    for action, (handler, help_text, ref) in handlers.items():
+        sub = actions.add_parser(action, help=help_text)
+        if ref is not None:
+            sub.add_argument("ref", metavar=ref, nargs="?" if ref.startswith("[") else None)
+        _add_common(sub)
+        sub.set_defaults(handler=handler)
+
+    for sub in (ingest, preprocess, train, run):
+        _add_common(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ctx = Context(
+        home=Path(os.environ.get("SHARDFLOW_HOME", DEFAULT_HOME)).expanduser().resolve(),
+        as_json=args.json,
+    )
+    try:
+        return int(args.handler(ctx, args))
+    except ShardflowError as exc:
+        if args.debug:
+            raise
+        print(f"shardflow: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("shardflow: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        print(
+            f"shardflow: internal error: {type(exc).__name__}: {message} "
+            "(rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Raw sources → processed, sharded datasets (plans are pure; Dask executes them)."""

@@ -1,0 +1,143 @@
+"""Which source rows go to which output shard and row group: a pure, deterministic plan.
+
+Training ranks take whole row groups (petastorm assigns row group ``i`` to rank
+``i % num_ranks``), so every row group of a training split holds the same number of rows and
+their count is a multiple of ``rank_multiple``: then 1, 2, 4, ... ``rank_multiple`` ranks all
+get equal rows. Rows that do not fit that shape are dropped from the end of the split, and the
+count is recorded ("drop" policy). Evaluation splits are written whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+    """How to cut splits into shards and row groups."""
+
+    target_rows_per_group: int = 1000
+    """Row groups are about this size (the unit a rank reads and shuffles)."""
+    target_rows_per_shard: int = 10_000
+    """Shards (files, one Dask task each) are about this many rows."""
+    rank_multiple: int = 8
+    """Training row-group counts are multiples of this, so that up to this many ranks (and
+    every divisor) get equal rows."""
+
+    def __post_init__(self) -> None:
+        for field in ("target_rows_per_group", "target_rows_per_shard", "rank_multiple"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field} must be at least 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shard:
+    """One output file: rows ``start .. start + rows`` of a split's source, in row groups."""
+
+    split: str
+    index: int
+    start: int
+    rows: int
+    rows_per_group: int
+
+    @property
+    def path(self) -> str:
+        return f"{self.split}/part-{self.index:05d}.parquet"
+
+    @property
+    def num_row_groups(self) -> int:
+        return -(-self.rows // self.rows_per_group)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitPlan:
+    split: str
+    source_rows: int
+    rows_per_group: int
+    num_row_groups: int
+    dropped_rows: int
+    shards: tuple[Shard, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.source_rows - self.dropped_rows
+
+
+def equal_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:
+    """(rows per group, number of groups) for a training split.
+
+    The number of groups is a multiple of ``rank_multiple``; among the shapes that drop the
+    fewest rows, the one whose group size is nearest the target wins.
+    """
+    multiple = config.rank_multiple
+    if num_rows < multiple:
+        raise ValueError(
+            f"{num_rows} training rows cannot fill {multiple} equal row groups; "
+            "lower rank_multiple or add data"
+        )
+    best: tuple[int, int, int, int] | None = None  # (dropped, distance, rows_per_group, groups)
+    num_groups = multiple
+    while num_groups <= num_rows:
+        rows_per_group = num_rows // num_groups
+        dropped = num_rows - rows_per_group * num_groups
+        key = (
+            dropped,
+            abs(rows_per_group - config.target_rows_per_group),
+            rows_per_group,
+            num_groups,
+        )
+        if best is None or key < best:
+            best = key
+        if rows_per_group < config.target_rows_per_group // 4:
+            break  # far smaller groups than wanted: stop searching
+        num_groups += multiple
+    assert best is not None
+    return best[2], best[3]
+
+
+def _cut(
+    split: str, start: int, rows: int, rows_per_group: int, config: PlanConfig
+) -> tuple[Shard, ...]:
+    groups_per_shard = max(1, round(config.target_rows_per_shard / rows_per_group))
+    rows_per_shard = groups_per_shard * rows_per_group
+    shards: list[Shard] = []
+    offset = 0
+    while offset < rows:
+        n = min(rows_per_shard, rows - offset)
+        shards.append(
+            Shard(
+                split=split,
+                index=len(shards),
+                start=start + offset,
+                rows=n,
+                rows_per_group=rows_per_group,
+            )
+        )
+        offset += n
+    return tuple(shards)
+
+
+def plan_training_split(split: str, num_rows: int, config: PlanConfig) -> SplitPlan:
+    rows_per_group, num_groups = equal_groups(num_rows, config)
+    kept = rows_per_group * num_groups
+    return SplitPlan(
+        split=split,
+        source_rows=num_rows,
+        rows_per_group=rows_per_group,
+        num_row_groups=num_groups,
+        dropped_rows=num_rows - kept,
+        shards=_cut(split, 0, kept, rows_per_group, config),
+    )
+
+
+def plan_evaluation_split(split: str, num_rows: int, config: PlanConfig) -> SplitPlan:
+    rows_per_group = min(config.target_rows_per_group, max(num_rows, 1))
+    shards = _cut(split, 0, num_rows, rows_per_group, config)
+    return SplitPlan(
+        split=split,
+        source_rows=num_rows,
+        rows_per_group=rows_per_group,
+        num_row_groups=sum(s.num_row_groups for s in shards),
+        dropped_rows=0,
+        shards=shards,
+    )

@@ -1,0 +1,1 @@
+"""Readers and fetchers of raw inputs, each checking its format strictly."""

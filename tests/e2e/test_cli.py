@@ -1,0 +1,146 @@
+"""The CLI end to end on real data: real Dask clusters, real horovodrun, real files."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import Result
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def http_source(real_mnist: Path) -> Iterator[str]:
+    """The MNIST IDX files served over HTTP on loopback."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(real_mnist))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def ok(result: Result) -> Result:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_run_fashion_subset_as_one_flow(
+    shardflow: Callable[..., Result], fashion_subset: Path
+) -> None:
+    """2,000 real Fashion-MNIST images through `shardflow run` on 2 Horovod ranks."""
+    run = ok(
+        shardflow(
+            "run",
+            "fashion-mnist",
+            "--source",
+            str(fashion_subset),
+            "--np",
+            "2",
+            "--epochs",
+            "4",
+            "--json",
+        )
+    ).json
+    assert run["num_ranks"] == 2
+    assert run["epochs"] == 4
+    assert run["rows"] == 3_000
+    assert run["test_rows"] == 1_000
+    assert run["test_accuracy"] >= 0.70
+    assert run["flow_run_id"]
+
+    shown = ok(shardflow("catalog", "show", "fashion-mnist-processed", "--json")).json
+    assert shown["rows"] == 3_000
+    files = {Path(f["path"]).relative_to(shown["directory"]).as_posix(): f for f in shown["files"]}
+    assert sorted(files) == ["test/part-00000.parquet", "train/part-00000.parquet"]
+    train = pq.ParquetFile(files["train/part-00000.parquet"]["path"])
+    # 2,000 rows in 8 equal row groups: 1, 2, 4 or 8 ranks all get equal rows.
+    assert [train.metadata.row_group(i).num_rows for i in range(8)] == [250] * 8
+    assert train.metadata.num_row_groups == 8
+    assert sum(f["rows"] for f in shown["files"]) == 3_000
+
+    lineage = ok(
+        shardflow("catalog", "lineage", f"fashion-mnist-cnn@{run['version']}", "--json")
+    ).json
+    processed = lineage["parents"][0]
+    assert processed["name"] == "fashion-mnist-processed"
+    raw = processed["parents"][0]
+    assert raw["name"] == "fashion-mnist"
+    assert {Path(s["uri"]).name for s in raw["sources"]} >= {"train-images-idx3-ubyte.gz"}
+
+    assert ok(shardflow("catalog", "verify", "--json")).json["ok"] is True
+    listed = ok(shardflow("catalog", "list", "--json")).json["datasets"]
+    assert {d["name"]: d["kind"] for d in listed} == {
+        "fashion-mnist": "raw",
+        "fashion-mnist-processed": "processed",
+        "fashion-mnist-cnn": "model",
+    }
+
+
+def test_real_mnist_over_http_trains_to_97_percent(
+    shardflow: Callable[..., Result], http_source: str, shardflow_home: Path
+) -> None:
+    """Real MNIST digits served over HTTP: ingest, preprocess, train on 2 ranks."""
+    ingested = ok(shardflow("ingest", "mnist", "--source", http_source, "--json")).json
+    assert ingested["rows"] == 5_000
+    assert ingested["train_rows"] == 4_000
+    assert all(uri.startswith(http_source) for uri in ingested["sources"])
+
+    again = ok(shardflow("ingest", "mnist", "--source", http_source, "--json")).json
+    assert again["version"] == ingested["version"]  # same bytes: the same version, no copy
+
+    processed = ok(shardflow("preprocess", "mnist", "--workers", "2", "--json")).json
+    assert processed["rows"] == 5_000
+    assert processed["splits"]["train"]["num_row_groups"] % 8 == 0
+
+    trained = ok(shardflow("train", "mnist", "--np", "2", "--epochs", "12", "--json")).json
+    assert trained["num_ranks"] == 2
+    assert trained["test_rows"] == 1_000
+    assert trained["test_accuracy"] >= 0.97
+
+
+def test_truncated_idx_is_refused_and_leaves_nothing(
+    shardflow: Callable[..., Result], fashion_subset: Path, tmp_path: Path, shardflow_home: Path
+) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in fashion_subset.iterdir():
+        data = path.read_bytes()
+        (broken / path.name).write_bytes(
+            data[: len(data) // 2] if "t10k-images" in path.name else data
+        )
+    result = shardflow("ingest", "fashion-mnist", "--source", str(broken), "--json")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "t10k-images-idx3-ubyte.gz" in lines[0]
+    assert "truncated" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert ok(shardflow("catalog", "list", "--json")).json["datasets"] == []
+    staging = shardflow_home / "catalog" / "staging"
+    assert not staging.exists() or not any(staging.iterdir())
+
+
+def test_errors_are_one_line(shardflow: Callable[..., Result], tmp_path: Path) -> None:
+    missing = shardflow("ingest", "mnist", "--source", str(tmp_path / "nowhere"))
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [
+        f"shardflow: error: --source {tmp_path / 'nowhere'}: no such directory"
+    ]
+    unknown = shardflow("catalog", "show", "nothing-here")
+    assert unknown.returncode == 1
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    assert "nothing-here" in unknown.stderr
+    not_processed = shardflow("train", "mnist", "--np", "2")
+    assert not_processed.returncode == 1
+    assert len(not_processed.stderr.strip().splitlines()) == 1

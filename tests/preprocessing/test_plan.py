@@ -1,0 +1,60 @@
+"""The shard plan: equal row groups that 1..rank_multiple ranks divide evenly."""
+
+from __future__ import annotations
+
+import pytest
+
+from preprocessing.plan import PlanConfig, plan_evaluation_split, plan_training_split
+from training.input import SplitLayout
+
+
+@pytest.mark.parametrize("rows", [60_000, 2_000, 4_000, 5_003, 60_001, 8])
+def test_training_split_has_equal_groups_for_every_rank_count(rows: int) -> None:
+    config = PlanConfig()
+    plan = plan_training_split("train", rows, config)
+    assert plan.num_row_groups % config.rank_multiple == 0
+    assert plan.rows == plan.rows_per_group * plan.num_row_groups
+    assert plan.rows + plan.dropped_rows == rows
+    assert sum(s.rows for s in plan.shards) == plan.rows
+    # Shards tile the kept rows in order, each a whole number of row groups.
+    offset = 0
+    for shard in plan.shards:
+        assert shard.start == offset
+        assert shard.rows % plan.rows_per_group == 0
+        offset += shard.rows
+    layout = SplitLayout(rows_per_group=plan.rows_per_group, num_row_groups=plan.num_row_groups)
+    for num_ranks in (1, 2, 4, 8):
+        counts = {layout.rows_of_rank(r, num_ranks) for r in range(num_ranks)}
+        assert counts == {plan.rows // num_ranks}
+
+
+def test_full_fashion_mnist_drops_nothing() -> None:
+    plan = plan_training_split("train", 60_000, PlanConfig())
+    assert plan.dropped_rows == 0
+    assert plan.shards[0].path == "train/part-00000.parquet"
+
+
+def test_plan_is_deterministic() -> None:
+    config = PlanConfig(target_rows_per_group=500, target_rows_per_shard=3_000)
+    assert plan_training_split("train", 12_345, config) == plan_training_split(
+        "train", 12_345, config
+    )
+
+
+def test_evaluation_split_is_whole() -> None:
+    plan = plan_evaluation_split("test", 10_001, PlanConfig())
+    assert plan.rows == 10_001
+    assert sum(s.rows for s in plan.shards) == 10_001
+
+
+def test_too_few_rows_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot fill 8 equal row groups"):
+        plan_training_split("train", 7, PlanConfig())
+
+
+def test_uneven_groups_plan_equal_steps() -> None:
+    # 7 row groups over 2 ranks: rank 0 has 4, rank 1 has 3; both take rank 1's step count.
+    layout = SplitLayout(rows_per_group=100, num_row_groups=7)
+    assert layout.steps_per_epoch(2, 32) == 300 // 32
+    with pytest.raises(ValueError, match="cannot feed 8 ranks"):
+        layout.steps_per_epoch(8, 32)

@@ -1,0 +1,1 @@
+"""Horovod data-parallel training on processed datasets."""

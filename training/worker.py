@@ -1,0 +1,192 @@
+"""The program every Horovod rank runs: ``horovodrun ... python -m training.worker CONFIG``.
+
+Each rank streams its own row groups, trains data-parallel, and rank 0 alone writes
+checkpoints, the final model and metrics.json into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Everything a rank needs, written by the launcher as JSON."""
+
+    train_url: str
+    test_dir: str
+    run_dir: str
+    image_shape: list[int]
+    num_classes: int
+    model: str
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    seed: int
+    steps_per_epoch: int
+    shuffle_buffer: int
+    warmup_epochs: int
+
+    @classmethod
+    def load(cls, path: str | Path) -> WorkerConfig:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def dump(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+
+def _configure_threads(local_size: int) -> None:
+    import tensorflow as tf
+
+    # Ranks on one host share its cores; without this each would start a pool per core.
+    threads = max(1, (os.cpu_count() or 1) // local_size)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+
+
+def cosine_decay(start_epoch: int, end_epoch: int, floor: float = 0.02) -> Any:
+    """Learning-rate multiplier falling from 1 at ``start_epoch`` to ``floor`` at the end."""
+
+    def multiplier(epoch: float) -> float:
+        progress = min(1.0, max(0.0, (epoch - start_epoch) / (end_epoch - start_epoch)))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def run(config: WorkerConfig) -> None:
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from training import models
+    from training.input import load_split, make_train_dataset
+
+    # petastorm 0.13.1 reads through pyarrow's legacy ParquetDataset, which warns on every
+    # call; pyarrow stays at 14 for it (docs/STACK.md).
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+
+    hvd.init()
+    rank, num_ranks = hvd.rank(), hvd.size()
+    # Horovod: one GPU per local rank, where there are GPUs.
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    _configure_threads(hvd.local_size())
+    tf.keras.utils.set_random_seed(config.seed)
+
+    reader, dataset = make_train_dataset(
+        config.train_url,
+        rank=rank,
+        num_ranks=num_ranks,
+        batch_size=config.batch_size,
+        image_shape=config.image_shape,
+        seed=config.seed,
+        shuffle_buffer=config.shuffle_buffer,
+    )
+    model = models.build(
+        config.model, image_shape=config.image_shape, num_classes=config.num_classes
+    )
+    # Horovod: scale the learning rate by the number of ranks (the global batch grows with it).
+    scaled_lr = config.learning_rate * num_ranks
+    # Horovod: average gradients across ranks with allreduce.
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(scaled_lr))
+    model.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    run_dir = Path(config.run_dir)
+    callbacks: list[Any] = [
+        # Horovod: start every rank from rank 0's initial weights.
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Horovod: report metrics averaged over all ranks.
+        hvd.callbacks.MetricAverageCallback(),
+        # Horovod: ramp the scaled learning rate up over the first epoch(s).
+        hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=scaled_lr,
+            warmup_epochs=config.warmup_epochs,
+            steps_per_epoch=config.steps_per_epoch,
+            verbose=0,
+        ),
+    ]
+    if config.epochs > config.warmup_epochs:
+        # Then a cosine decay to the end: on short schedules the last epoch at a low rate is
+        # worth about a point of test accuracy.
+        callbacks.append(
+            hvd.callbacks.LearningRateScheduleCallback(
+                initial_lr=scaled_lr,
+                multiplier=cosine_decay(config.warmup_epochs, config.epochs),
+                start_epoch=config.warmup_epochs,
+                staircase=False,
+                steps_per_epoch=config.steps_per_epoch,
+            )
+        )
+    if rank == 0:
+        # Horovod: checkpoints on rank 0 only, so that ranks do not overwrite each other.
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        callbacks.append(
+            tf.keras.callbacks.ModelCheckpoint(
+                str(run_dir / "checkpoints" / "epoch-{epoch:03d}.h5"), save_weights_only=True
+            )
+        )
+    started = time.perf_counter()
+    try:
+        history = model.fit(
+            dataset,
+            steps_per_epoch=config.steps_per_epoch,
+            epochs=config.epochs,
+            callbacks=callbacks,
+            verbose=2 if rank == 0 else 0,
+        )
+    finally:
+        reader.stop()
+        reader.join()
+    train_seconds = time.perf_counter() - started
+    if rank != 0:
+        return
+
+    export = models.build(
+        config.model, image_shape=config.image_shape, num_classes=config.num_classes
+    )
+    export.set_weights(model.get_weights())
+    x_test, y_test = load_split(config.test_dir, config.image_shape)
+    predictions = np.argmax(export.predict(x_test, batch_size=1024, verbose=0), axis=1)
+    test_accuracy = float(np.mean(predictions == y_test))
+    export.save(run_dir / "model.keras")
+    samples = config.steps_per_epoch * config.batch_size * num_ranks * config.epochs
+    metrics = {
+        "num_ranks": num_ranks,
+        "epochs": config.epochs,
+        "steps_per_epoch": config.steps_per_epoch,
+        "global_batch_size": config.batch_size * num_ranks,
+        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+        "test_accuracy": test_accuracy,
+        "test_rows": len(y_test),
+        "train_seconds": train_seconds,
+        "samples_per_second": samples / train_seconds,
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    print(f"test accuracy {test_accuracy:.4f} on {len(y_test)} held-out images", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit("usage: python -m training.worker CONFIG.json (started by horovodrun)")
+    run(WorkerConfig.load(args[0]))
+
+
+if __name__ == "__main__":
+    main()
