@@ -1,0 +1,527 @@
+"""The catalog: immutable, verifiable versions of datasets and models, with lineage.
+
+Layout under the root::
+
+    datasets/<name>/.lock                      flock held while a version of <name> is published
+    datasets/<name>/<version>/manifest.json    present = the version is committed
+    datasets/<name>/<version>/<files...>
+    staging/<id>/                              a writer's files before commit
+    staging/<id>.lock                          flock held by the live writer of staging/<id>
+    index.sqlite                               SQL cache of the manifests (default index URL)
+
+A version becomes visible in one step, when ``manifest.json`` appears; everything before that
+(staged files, a moved directory without manifest) is invisible and removed by :meth:`Catalog.gc`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+
+from data_catalog import identity
+from data_catalog.durability import (
+    exclusive_lock,
+    failpoint,
+    fsync_dir,
+    make_dirs,
+    try_lock,
+    write_atomically,
+)
+from data_catalog.errors import CatalogError, NotFound
+from data_catalog.index import Index
+from data_catalog.manifest import FORMAT_VERSION, MANIFEST_NAME, FileEntry, Manifest, ParentRef
+from data_catalog.names import (
+    validate_kind,
+    validate_name,
+    validate_version,
+    validate_version_prefix,
+)
+from data_catalog.staged_files import describe_and_sync, digest, relative_files
+
+log = logging.getLogger(__name__)
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """One thing ``verify`` found wrong."""
+
+    path: str
+    """The absolute path of the bad file, or of the version directory."""
+    reason: str
+
+
+class Catalog:
+    """Versions under ``root``; the index at ``index_url`` (default ``<root>/index.sqlite``).
+
+    Nothing is created on disk until the first write.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, index_url: str | None = None) -> None:
+        self.root = Path(root).absolute()
+        self._index = Index(index_url or f"sqlite:///{self.root / 'index.sqlite'}")
+
+    def __repr__(self) -> str:
+        return f"Catalog({str(self.root)!r})"
+
+    @property
+    def _datasets(self) -> Path:
+        return self.root / "datasets"
+
+    @property
+    def _staging(self) -> Path:
+        return self.root / "staging"
+
+    # --- paths ------------------------------------------------------------------------------
+
+    def version_dir(self, name: str, version: str) -> Path:
+        return self._datasets / validate_name(name) / validate_version(version)
+
+    def file_path(self, manifest: Manifest, entry: FileEntry) -> Path:
+        """Absolute path of ``entry``; refuses entries that would leave the version directory."""
+        relative = PurePosixPath(entry.path)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise CatalogError(
+                f"manifest of {manifest.ref} lists file {entry.path!r} outside its directory; "
+                "the manifest is corrupt"
+            )
+        return self.version_dir(manifest.name, manifest.version).joinpath(*relative.parts)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def exists(self, name: str, version: str) -> bool:
+        """Whether ``name@version`` is committed."""
+        return (self.version_dir(name, version) / MANIFEST_NAME).is_file()
+
+    def names(self) -> list[str]:
+        """Names with at least one committed version, sorted."""
+        return sorted({name for name, _ in self._committed()})
+
+    def versions(self, name: str) -> list[Manifest]:
+        """Committed versions of ``name``, oldest first (ties by version id); [] if none."""
+        manifests = [self._read_manifest(name, v) for _, v in self._committed(validate_name(name))]
+        return sorted(manifests, key=lambda m: (m.created, m.version))
+
+    def get(self, name: str, version: str | None = None) -> Manifest:
+        """The manifest of ``name@version``; the newest version when ``version`` is None.
+
+        ``version`` may be a unique prefix of a version id.
+        """
+        if version is None:
+            versions = self.versions(name)
+            if not versions:
+                raise NotFound(
+                    f"no dataset {name!r} in catalog {self.root}; run `shardflow catalog list`"
+                )
+            return versions[-1]
+        return self._read_manifest(name, self._resolve(name, version))
+
+    def lineage(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """The tree of ``name@version`` and its ancestors, each with kind and sources.
+
+        A parent that is not in the catalog appears as ``{"name", "version", "missing": True}``.
+        """
+        return self._lineage_of(self.get(name, version))
+
+    def _lineage_of(self, manifest: Manifest) -> dict[str, Any]:
+        parents: list[dict[str, Any]] = []
+        for parent in manifest.parents:
+            if self.exists(parent.name, parent.version):
+                parents.append(self._lineage_of(self.get(parent.name, parent.version)))
+            else:
+                parents.append({"name": parent.name, "version": parent.version, "missing": True})
+        return {
+            "name": manifest.name,
+            "version": manifest.version,
+            "kind": manifest.kind,
+            "sources": list(manifest.sources),
+            "parents": parents,
+        }
+
+    def search(self, *, kind: str | None = None, parent: ParentRef | None = None) -> list[Manifest]:
+        """Versions of ``kind`` and/or with ``parent``, oldest first, answered by the index.
+
+        The index is rebuilt first if it is missing or disagrees with the manifests on disk.
+        """
+        if kind is not None:
+            validate_kind(kind)
+        if not self._datasets.is_dir():
+            return []
+        on_disk = set(self._committed())
+        if self._index.ensure_tables() or self._index.entries() != on_disk:
+            log.info("catalog index at %s is stale; rebuilding it", self._index.url)
+            self.reindex()
+        return [self._read_manifest(n, v) for n, v in self._index.search(kind=kind, parent=parent)]
+
+    # --- checking ---------------------------------------------------------------------------
+
+    def verify(self, name: str | None = None, version: str | None = None) -> list[Problem]:
+        """Recompute size and sha256 of every file of the selected committed versions.
+
+        All versions when ``name`` is None; all of ``name`` when ``version`` is None.
+        """
+        if name is None:
+            selected = list(self._committed())
+        elif version is None:
+            selected = list(self._committed(validate_name(name)))
+        else:
+            selected = [(name, self._resolve(name, version))]
+        problems: list[Problem] = []
+        for n, v in selected:
+            problems += self._verify_version(n, v)
+        return problems
+
+    def _verify_version(self, name: str, version: str) -> list[Problem]:
+        directory = self.version_dir(name, version)
+        manifest_path = directory / MANIFEST_NAME
+        try:
+            manifest = Manifest.from_json(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, CatalogError) as exc:
+            return [Problem(path=str(manifest_path), reason=f"unreadable manifest: {exc}")]
+        if (manifest.name, manifest.version) != (name, version):
+            reason = f"manifest describes {manifest.ref}, not {name}@{version}"
+            return [Problem(path=str(manifest_path), reason=reason)]
+        problems = []
+        listed = set()
+        for entry in manifest.files:
+            try:
+                path = self.file_path(manifest, entry)
+            except CatalogError as exc:
+                problems.append(Problem(path=str(manifest_path), reason=str(exc)))
+                continue
+            listed.add(path)
+            problem = _check_file(path, entry)
+            if problem is not None:
+                problems.append(problem)
+        for relpath in relative_files(directory):
+            path = directory / relpath
+            if relpath != MANIFEST_NAME and path not in listed:
+                problems.append(Problem(path=str(path), reason="not in manifest"))
+        return problems
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def stage(self, name: str, *, kind: str) -> Staging:
+        """A fresh staging directory for a new version of ``name``; use it as a context manager."""
+        validate_name(name)
+        validate_kind(kind)
+        make_dirs(self._staging)
+        while True:
+            staging_id = f"{name}-{secrets.token_hex(8)}"
+            lock_path = self._staging / f"{staging_id}.lock"
+            lock_fd = try_lock(lock_path, create=True)
+            if lock_fd is not None:
+                break
+        path = self._staging / staging_id
+        path.mkdir()
+        return Staging(catalog=self, name=name, kind=kind, path=path, lock_fd=lock_fd)
+
+    def _publish(self, staging: Staging, manifest: Manifest) -> Manifest:
+        """Steps 2-4 of a commit: move the staged files in place, then the manifest, then index."""
+        dataset_dir = self._datasets / manifest.name
+        make_dirs(dataset_dir)
+        directory = dataset_dir / manifest.version
+        with exclusive_lock(dataset_dir / ".lock"):
+            if (directory / MANIFEST_NAME).is_file():
+                # Another writer finished the same version while we staged: keep theirs.
+                staging.discard()
+                return self.get(manifest.name, manifest.version)
+            if directory.exists():
+                shutil.rmtree(directory)  # a crashed commit's leftover, never visible
+            os.rename(staging.path, directory)
+            staging._release()
+            fsync_dir(dataset_dir)
+            fsync_dir(self._staging)
+            try:
+                failpoint("moved")
+                write_atomically(
+                    directory / MANIFEST_NAME, manifest.to_json(), failpoint_name="manifest_tmp"
+                )
+            except BaseException:
+                # No manifest, no version: remove the files so nothing half-made is left behind.
+                shutil.rmtree(directory, ignore_errors=True)
+                raise
+        self._record(manifest)
+        return manifest
+
+    def _record(self, manifest: Manifest) -> None:
+        manifest_path = str(self.version_dir(manifest.name, manifest.version) / MANIFEST_NAME)
+        try:
+            if self._index.ensure_tables():
+                self.reindex()
+            else:
+                self._index.record(manifest, manifest_path)
+        except sa.exc.SQLAlchemyError as exc:
+            # The version is committed (its manifest is written); the index is only a cache and
+            # `search` and `reindex` repair it from the manifests.
+            log.warning(
+                "could not index %s (%s); run `shardflow catalog reindex`", manifest.ref, exc
+            )
+
+    # --- maintenance ------------------------------------------------------------------------
+
+    def reindex(self) -> int:
+        """Rebuild the index from the manifests; returns how many versions it holds."""
+        make_dirs(self.root)
+        self._index.ensure_tables()
+
+        def manifests() -> Iterator[tuple[Manifest, str]]:
+            for name, version in self._committed():
+                path = self.version_dir(name, version) / MANIFEST_NAME
+                try:
+                    manifest = Manifest.from_json(path.read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, CatalogError) as exc:
+                    log.warning("not indexing %s: %s; run `shardflow catalog verify`", path, exc)
+                    continue
+                yield manifest, str(path)
+
+        return self._index.rebuild(manifests)
+
+    def gc(self) -> list[Path]:
+        """Remove staging left by dead writers and version directories without a manifest."""
+        removed: list[Path] = []
+        if self._staging.is_dir():
+            removed += self._gc_staging()
+        if self._datasets.is_dir():
+            for dataset_dir in sorted(self._datasets.iterdir()):
+                if dataset_dir.is_dir():
+                    removed += self._gc_dataset(dataset_dir)
+        return removed
+
+    def _gc_staging(self) -> list[Path]:
+        removed = []
+        entries = {p.name.removesuffix(".lock") for p in self._staging.iterdir()}
+        for staging_id in sorted(entries):
+            directory = self._staging / staging_id
+            lock_path = self._staging / f"{staging_id}.lock"
+            if lock_path.exists():
+                lock_fd = try_lock(lock_path, create=False)
+                if lock_fd is None:
+                    continue  # a live writer holds it (or it just vanished)
+                try:
+                    if directory.exists():
+                        shutil.rmtree(directory)
+                        removed.append(directory)
+                    lock_path.unlink()
+                    removed.append(lock_path)
+                finally:
+                    os.close(lock_fd)
+            elif directory.exists():
+                # A writer creates and locks the lock file before the directory, and removes it
+                # only after the directory is gone: a directory without one has no writer.
+                shutil.rmtree(directory)
+                removed.append(directory)
+        return removed
+
+    def _gc_dataset(self, dataset_dir: Path) -> list[Path]:
+        removed = []
+        # The publisher holds this lock from the rename until the manifest is written.
+        with exclusive_lock(dataset_dir / ".lock"):
+            for directory in sorted(dataset_dir.iterdir()):
+                if directory.is_dir() and not (directory / MANIFEST_NAME).is_file():
+                    shutil.rmtree(directory)
+                    removed.append(directory)
+        return removed
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _committed(self, name: str | None = None) -> Iterator[tuple[str, str]]:
+        """``(name, version)`` of every committed version (of ``name``), from the directories."""
+        if name is not None:
+            dataset_dirs = [self._datasets / name]
+        elif self._datasets.is_dir():
+            dataset_dirs = sorted(self._datasets.iterdir())
+        else:
+            dataset_dirs = []
+        for dataset_dir in dataset_dirs:
+            if not dataset_dir.is_dir():
+                continue
+            for directory in sorted(dataset_dir.iterdir()):
+                if (directory / MANIFEST_NAME).is_file():
+                    yield dataset_dir.name, directory.name
+
+    def _resolve(self, name: str, version: str) -> str:
+        """The committed version id of ``name`` that ``version`` (an id or prefix) names."""
+        validate_name(name)
+        validate_version_prefix(version)
+        matches = [v for _, v in self._committed(name) if v.startswith(version)]
+        if version in matches:
+            return version
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise NotFound(
+                f"no version {version!r} of dataset {name!r} in catalog {self.root}; "
+                "run `shardflow catalog list`"
+            )
+        raise NotFound(
+            f"version prefix {version!r} of {name!r} matches {len(matches)} versions; "
+            "give more digits"
+        )
+
+    def _read_manifest(self, name: str, version: str) -> Manifest:
+        path = self.version_dir(name, version) / MANIFEST_NAME
+        try:
+            manifest = Manifest.from_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise NotFound(
+                f"no version {version!r} of dataset {name!r} in catalog {self.root}; "
+                "run `shardflow catalog list`"
+            ) from exc
+        except (OSError, UnicodeDecodeError, CatalogError) as exc:
+            raise CatalogError(
+                f"cannot read {path}: {exc}; run `shardflow catalog verify {name}`"
+            ) from exc
+        if (manifest.name, manifest.version) != (name, version):
+            raise CatalogError(
+                f"{path} describes {manifest.ref}, not {name}@{version}; the catalog is corrupt"
+            )
+        return manifest
+
+
+def _check_file(path: Path, entry: FileEntry) -> Problem | None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return Problem(path=str(path), reason="missing")
+    if size != entry.bytes:
+        return Problem(path=str(path), reason=f"size {size} != manifest {entry.bytes}")
+    try:
+        _, sha = digest(path)
+    except OSError as exc:
+        return Problem(path=str(path), reason=f"unreadable: {exc}")
+    if sha != entry.sha256:
+        return Problem(path=str(path), reason="sha256 mismatch")
+    return None
+
+
+class Staging:
+    """A directory to write one new version into; :meth:`commit` publishes it.
+
+    Leaving the ``with`` block without committing, or with an exception, removes the directory.
+    Get one from :meth:`Catalog.stage`.
+    """
+
+    def __init__(self, *, catalog: Catalog, name: str, kind: str, path: Path, lock_fd: int) -> None:
+        self.name = name
+        self.kind = kind
+        self.path = path
+        """The directory the caller writes files into, in any subdirectories."""
+        self._catalog = catalog
+        # Held for the staging's whole life so `gc` in another process can tell it is live.
+        self._lock_fd: int | None = lock_fd
+
+    def __repr__(self) -> str:
+        return f"Staging({self.name!r}, kind={self.kind!r}, path={str(self.path)!r})"
+
+    def __enter__(self) -> Staging:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.discard()
+
+    @property
+    def _lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def commit(
+        self,
+        *,
+        parents: Sequence[ParentRef] = (),
+        sources: Sequence[Mapping[str, Any]] = (),
+        parameters: Mapping[str, Any] = _EMPTY,
+        schema: Mapping[str, Any] = _EMPTY,
+        statistics: Mapping[str, Any] = _EMPTY,
+        rows: int,
+        file_rows: Mapping[str, int] | None = None,
+        extra: Mapping[str, Any] = _EMPTY,
+        code_version: str | None = None,
+    ) -> Manifest:
+        """Publish the staged files as a version; returns its manifest.
+
+        If the version (same name, kind, parents, sources, parameters and code version) is
+        already committed, the staged files are discarded and the existing manifest returned.
+        """
+        if self._lock_fd is None:
+            raise RuntimeError(f"{self!r} was already committed or discarded")
+        if not all(isinstance(p, ParentRef) for p in parents):
+            raise TypeError("parents must be ParentRef instances (use manifest.ref)")
+        for parent in parents:
+            validate_name(parent.name)
+            validate_version(parent.version)
+        code = code_version if code_version is not None else identity.code_version()
+        # Stored through JSON so that the returned manifest equals the one read back later.
+        plain_parameters = _plain(parameters, "parameters")
+        plain_sources = tuple(_plain(s, "sources") for s in sources)
+        version = identity.version_id(
+            name=self.name,
+            kind=self.kind,
+            parents=parents,
+            sources=plain_sources,
+            parameters=plain_parameters,
+            code_version=code,
+        )
+        if self._catalog.exists(self.name, version):
+            self.discard()
+            return self._catalog.get(self.name, version)
+        files = describe_and_sync(self.path, file_rows)
+        failpoint("staged")
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            name=self.name,
+            version=version,
+            kind=self.kind,
+            created=datetime.now(UTC).isoformat(timespec="microseconds"),
+            code_version=code,
+            parameters=plain_parameters,
+            parents=tuple(parents),
+            sources=plain_sources,
+            schema=_plain(schema, "schema"),
+            statistics=_plain(statistics, "statistics"),
+            rows=int(rows),
+            files=files,
+            extra=_plain(extra, "extra"),
+        )
+        return self._catalog._publish(self, manifest)
+
+    def discard(self) -> None:
+        """Remove the staged files; a no-op after commit or an earlier discard."""
+        if self._lock_fd is None:
+            return
+        # A directory that cannot be removed now is unlocked once we release it; `gc` removes it.
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._release()
+
+    def _release(self) -> None:
+        """Give up the staging: its directory is gone (moved or removed)."""
+        assert self._lock_fd is not None
+        # Unlink while still holding the lock, so gc never sees an unlocked lock of a live dir.
+        self._lock_path.unlink(missing_ok=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+
+def _plain(value: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """``value`` as plain JSON data (tuples become lists), or a TypeError naming ``field``."""
+    try:
+        plain: dict[str, Any] = json.loads(identity.canonical_json(dict(value)))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{field} must be JSON data: {exc}") from exc
+    return plain

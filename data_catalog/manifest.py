@@ -1,0 +1,166 @@
+"""The manifest: the one file that makes a version exist, and says what it holds.
+
+``manifest.json`` in a version directory lists every file with its size and sha256, the version's
+identity (parents, sources, parameters, code version) and free-form schema and statistics.
+Readers check :data:`FORMAT_VERSION` before trusting any other field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from data_catalog.errors import CatalogError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParentRef:
+    """A reference to one committed version."""
+
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileEntry:
+    """One file of a version."""
+
+    path: str
+    """Relative to the version directory, '/'-separated."""
+    bytes: int
+    sha256: str
+    rows: int | None
+    """Row count: from the Parquet footer for ``*.parquet``, else what the writer declared."""
+    row_groups: int | None
+    """Parquet row groups; None for other files."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """Everything the catalog knows about one version."""
+
+    format_version: int
+    name: str
+    version: str
+    kind: str
+    created: str
+    """ISO-8601 UTC, microseconds: orders versions of one dataset."""
+    code_version: str
+    parameters: dict[str, Any]
+    parents: tuple[ParentRef, ...]
+    sources: tuple[dict[str, Any], ...]
+    schema: dict[str, Any]
+    statistics: dict[str, Any]
+    rows: int
+    files: tuple[FileEntry, ...]
+    extra: dict[str, Any]
+
+    @property
+    def ref(self) -> ParentRef:
+        """This version as a parent of another."""
+        return ParentRef(name=self.name, version=self.version)
+
+    def to_json(self) -> str:
+        data = {
+            "format_version": self.format_version,
+            "name": self.name,
+            "version": self.version,
+            "kind": self.kind,
+            "created": self.created,
+            "code_version": self.code_version,
+            "parameters": self.parameters,
+            "parents": [{"name": p.name, "version": p.version} for p in self.parents],
+            "sources": list(self.sources),
+            "schema": self.schema,
+            "statistics": self.statistics,
+            "rows": self.rows,
+            "files": [
+                {
+                    "path": f.path,
+                    "bytes": f.bytes,
+                    "sha256": f.sha256,
+                    "rows": f.rows,
+                    "row_groups": f.row_groups,
+                }
+                for f in self.files
+            ],
+            "extra": self.extra,
+        }
+        return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """Parse a manifest; raise :class:`CatalogError` if it is garbled or of another format."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CatalogError(f"garbled manifest: not JSON ({exc})") from exc
+        if not isinstance(data, dict) or "format_version" not in data:
+            raise CatalogError(
+                "garbled manifest: no format_version; it is not a shardflow manifest"
+            )
+        if data["format_version"] != FORMAT_VERSION:
+            raise CatalogError(
+                f"manifest format_version {data['format_version']!r} is not supported "
+                f"(this shardflow reads {FORMAT_VERSION}); upgrade shardflow"
+            )
+        return cls(
+            format_version=FORMAT_VERSION,
+            name=_typed(data, "name", str),
+            version=_typed(data, "version", str),
+            kind=_typed(data, "kind", str),
+            created=_typed(data, "created", str),
+            code_version=_typed(data, "code_version", str),
+            parameters=_typed(data, "parameters", dict),
+            parents=tuple(
+                ParentRef(name=_typed(p, "name", str), version=_typed(p, "version", str))
+                for p in _typed(data, "parents", list)
+            ),
+            sources=tuple(_object(s) for s in _typed(data, "sources", list)),
+            schema=_typed(data, "schema", dict),
+            statistics=_typed(data, "statistics", dict),
+            rows=_typed(data, "rows", int),
+            files=tuple(
+                FileEntry(
+                    path=_typed(f, "path", str),
+                    bytes=_typed(f, "bytes", int),
+                    sha256=_typed(f, "sha256", str),
+                    rows=_optional_int(f, "rows"),
+                    row_groups=_optional_int(f, "row_groups"),
+                )
+                for f in _typed(data, "files", list)
+            ),
+            extra=_typed(data, "extra", dict),
+        )
+
+
+def _typed(data: Any, key: str, kind: type[Any]) -> Any:
+    value = _object(data).get(key)
+    if key not in data:
+        raise CatalogError(f"garbled manifest: missing field {key!r}")
+    # bool is an int subclass; a count of True rows is a garbled manifest, not 1 row.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CatalogError(
+            f"garbled manifest: field {key!r} is {type(value).__name__}, expected {kind.__name__}"
+        )
+    return value
+
+
+def _object(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise CatalogError(f"garbled manifest: expected an object, found {type(data).__name__}")
+    return data
+
+
+def _optional_int(data: Any, key: str) -> int | None:
+    if isinstance(data, dict) and data.get(key) is None:
+        return None
+    value: int = _typed(data, key, int)
+    return value

@@ -1,0 +1,96 @@
+"""Describe and fsync the files a writer put in a staging directory.
+
+One pass per file: read it in 1 MiB chunks for its sha256, then fsync the same descriptor, so a
+commit reads each byte once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from data_catalog.durability import failpoint, fsync_dir
+from data_catalog.errors import CatalogError
+from data_catalog.manifest import MANIFEST_NAME, FileEntry
+
+CHUNK_BYTES = 1 << 20
+# The catalog writes these at the top of a version directory; a staged file may not take them.
+RESERVED_NAMES = frozenset({MANIFEST_NAME, MANIFEST_NAME + ".tmp"})
+
+
+def digest(path: Path) -> tuple[int, str]:
+    """``(bytes, sha256 hex)`` of the file at ``path``."""
+    return _read(path, sync=False)
+
+
+def _read(path: Path, *, sync: bool) -> tuple[int, str]:
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            sha.update(chunk)
+            size += len(chunk)
+        if sync:
+            os.fsync(f.fileno())
+    return size, sha.hexdigest()
+
+
+def relative_files(directory: Path) -> list[str]:
+    """Every regular file under ``directory``, as sorted '/'-separated relative paths.
+
+    Symlinks are refused: a version must hold its bytes, not point at bytes that can change.
+    """
+    found = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        for entry in [*dirnames, *filenames]:
+            full = Path(dirpath, entry)
+            if full.is_symlink():
+                raise CatalogError(
+                    f"staged path {full} is a symlink; copy the file into the staging directory"
+                )
+        found += [Path(dirpath, f).relative_to(directory).as_posix() for f in filenames]
+    return sorted(found)
+
+
+def describe_and_sync(
+    directory: Path, file_rows: Mapping[str, int] | None
+) -> tuple[FileEntry, ...]:
+    """Hash, count and fsync every file under ``directory``, then fsync every directory."""
+    file_rows = dict(file_rows or {})
+    paths = relative_files(directory)
+    reserved = RESERVED_NAMES.intersection(paths)
+    if reserved:
+        raise CatalogError(
+            f"staged file {sorted(reserved)[0]!r} is reserved for the catalog; give it another name"
+        )
+    unknown = set(file_rows) - set(paths)
+    if unknown:
+        # The writer counted rows for a file it did not write: a bug in the writer.
+        raise ValueError(f"file_rows names files that were not staged: {sorted(unknown)}")
+    entries = []
+    for i, relpath in enumerate(paths):
+        path = directory / relpath
+        size, sha = _read(path, sync=True)
+        rows, row_groups = file_rows.get(relpath), None
+        if relpath.endswith(".parquet"):
+            rows, row_groups = _parquet_counts(path)
+        entries.append(
+            FileEntry(path=relpath, bytes=size, sha256=sha, rows=rows, row_groups=row_groups)
+        )
+        if i == 0:
+            failpoint("after_first_file")
+    for dirpath, _, _ in os.walk(directory, topdown=False):
+        fsync_dir(Path(dirpath))
+    return tuple(entries)
+
+
+def _parquet_counts(path: Path) -> tuple[int, int]:
+    try:
+        metadata = pq.read_metadata(path)
+    except (OSError, ValueError) as exc:
+        raise CatalogError(f"staged file {path} is not readable Parquet: {exc}") from exc
+    return int(metadata.num_rows), int(metadata.num_row_groups)
