@@ -51,7 +51,7 @@ $(MNIST_5K): $(STAMP)
 
 demo: setup
 	SHARDFLOW_HOME=$${SHARDFLOW_HOME:-$(CURDIR)/.demo-home} \
-		$(VENV)/bin/shardflow run fashion-mnist --np 2 --epochs 3 --json
+		$(VENV)/bin/shardflow run fashion-mnist --np 2 --epochs 3 --verbose --json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -35,6 +35,8 @@ class Context:
 
     home: Path
     as_json: bool
+    verbose: bool
+    debug: bool
 
     @property
     def catalog_root(self) -> Path:
@@ -49,9 +51,11 @@ class Context:
 
         return Catalog(self.catalog_root, index_url=os.environ.get("SHARDFLOW_CATALOG_URL"))
 
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    def progress(self, message: str) -> None:
+        """Progress of long work, on stderr: shown on a terminal or with --verbose, so that
+        scripts reading stderr see nothing but a failure's one-line error."""
+        if self.verbose:
+            print(message, file=sys.stderr, flush=True)
 
 
 def emit(ctx: Context, result: dict[str, Any], human: Sequence[str]) -> None:
@@ -69,7 +73,7 @@ def emit(ctx: Context, result: dict[str, Any], human: Sequence[str]) -> None:
 def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
-    result = stages.ingest(ctx.catalog(), args.dataset, source=args.source, progress=progress)
+    result = stages.ingest(ctx.catalog(), args.dataset, source=args.source, progress=ctx.progress)
     emit(
         ctx,
         result,
@@ -89,7 +93,7 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
         args.dataset,
         workers=args.workers,
         scheduler=args.scheduler,
-        progress=progress,
+        progress=ctx.progress,
     )
     emit(
         ctx,
@@ -109,7 +113,7 @@ def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
         ctx.catalog(),
         args.dataset,
         runs_dir=ctx.runs_dir,
-        progress=progress,
+        progress=ctx.progress,
         **_train_options(args),
     )
     emit(ctx, result, _train_summary(result))
@@ -117,6 +121,9 @@ def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
+    if not ctx.verbose:
+        # Prefect's console log stays quiet (the flow run's logs still reach its API and UI).
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from flows.pipeline import pipeline
 
     result = pipeline(
@@ -125,6 +132,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         source=args.source,
         workers=args.workers,
         scheduler=args.scheduler,
+        show_tracebacks=ctx.debug,
         **_train_options(args),
     )
     emit(ctx, result, _train_summary(result))
@@ -289,6 +297,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--debug", action="store_true", help="show tracebacks instead of one-line errors"
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal",
+    )
 
 
 def _add_dataset(parser: argparse.ArgumentParser) -> None:
@@ -426,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = Context(
         home=Path(os.environ.get("SHARDFLOW_HOME", DEFAULT_HOME)).expanduser().resolve(),
         as_json=args.json,
+        verbose=args.verbose or sys.stderr.isatty(),
+        debug=args.debug,
     )
     try:
         return int(args.handler(ctx, args))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,28 @@ from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 
 from data_catalog import Catalog
+from data_catalog.errors import ShardflowError
 from flows import stages
+
+
+class _UserErrorsWithoutTracebacks(logging.Filter):
+    """Bad input is reported in one line: drop the traceback Prefect attaches to it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], ShardflowError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _hide_user_error_tracebacks() -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not any(
+            isinstance(f, _UserErrorsWithoutTracebacks) for f in handler.filters
+        ):
+            handler.addFilter(_UserErrorsWithoutTracebacks())
 
 
 def _catalog(home: str) -> Catalog:
@@ -23,7 +45,7 @@ def _logger_progress() -> Any:
     return logger.info
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=[5, 30])
+@task(name="ingest")
 def ingest_task(home: str, dataset: str, source: str | None) -> dict[str, Any]:
     return stages.ingest(_catalog(home), dataset, source=source, progress=_logger_progress())
 
@@ -64,8 +86,11 @@ def pipeline(
     learning_rate: float = 0.001,
     seed: int = 0,
     hosts: str | None = None,
+    show_tracebacks: bool = False,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a task of this flow run."""
+    if not show_tracebacks:
+        _hide_user_error_tracebacks()
     raw = ingest_task(home, dataset, source)
     processed = preprocess_task(home, dataset, workers, scheduler)
     trained = train_task(

@@ -130,6 +130,14 @@ def test_truncated_idx_is_refused_and_leaves_nothing(
     staging = shardflow_home / "catalog" / "staging"
     assert not staging.exists() or not any(staging.iterdir())
 
+    # The same through the Prefect flow: one line, no traceback, nothing committed.
+    flow = shardflow("run", "fashion-mnist", "--source", str(broken), "--json")
+    assert flow.returncode != 0
+    assert len(flow.stderr.strip().splitlines()) == 1, flow.stderr
+    assert "t10k-images-idx3-ubyte.gz" in flow.stderr
+    assert "Traceback" not in flow.stderr
+    assert ok(shardflow("catalog", "list", "--json")).json["datasets"] == []
+
 
 def test_errors_are_one_line(shardflow: Callable[..., Result], tmp_path: Path) -> None:
     missing = shardflow("ingest", "mnist", "--source", str(tmp_path / "nowhere"))
