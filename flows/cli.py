@@ -148,6 +148,10 @@ def _train_options(args: argparse.Namespace) -> dict[str, Any]:
         "learning_rate": args.lr,
         "seed": args.seed,
         "hosts": args.hosts,
+        "backward_passes_per_step": args.backward_passes_per_step,
+        "compression": args.compression,
+        "resume": args.resume,
+        "timeline": args.timeline,
     }
 
 
@@ -363,6 +367,30 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="default: 0")
     parser.add_argument(
         "--hosts", metavar="HOST:SLOTS,...", help="horovodrun -H (default: localhost:NP)"
+    )
+    parser.add_argument(
+        "--backward-passes-per-step",
+        type=_positive,
+        default=1,
+        metavar="K",
+        help="sum gradients of K local batches before each allreduce: K times less traffic "
+        "(default: 1)",
+    )
+    parser.add_argument(
+        "--compression",
+        choices=("none", "fp16"),
+        default="none",
+        help="compress gradients for allreduce (default: none)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run of the same configuration from its last checkpoint",
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="record Horovod's timeline (chrome://tracing JSON) in the run directory",
     )
 
 

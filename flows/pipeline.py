@@ -86,6 +86,10 @@ def pipeline(
     learning_rate: float = 0.001,
     seed: int = 0,
     hosts: str | None = None,
+    backward_passes_per_step: int = 1,
+    compression: str = "none",
+    resume: bool = False,
+    timeline: bool = False,
     show_tracebacks: bool = False,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a task of this flow run."""
@@ -104,6 +108,10 @@ def pipeline(
             "learning_rate": learning_rate,
             "seed": seed,
             "hosts": hosts,
+            "backward_passes_per_step": backward_passes_per_step,
+            "compression": compression,
+            "resume": resume,
+            "timeline": timeline,
         },
     )
     return {

@@ -70,4 +70,9 @@ def train(
         "train_seconds": metrics["train_seconds"],
         "samples_per_second": metrics["samples_per_second"],
         "history": metrics["history"],
+        "backward_passes_per_step": metrics["backward_passes_per_step"],
+        "compression": metrics["compression"],
+        "allreduce_bytes_per_epoch": metrics["allreduce_bytes_per_epoch"],
+        "resumed_after_epoch": metrics["resumed_after_epoch"],
+        "run_dir": manifest.extra.get("run_dir"),
     }

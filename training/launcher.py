@@ -11,9 +11,12 @@ model version "<dataset>-<model>" (parent: the processed version)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import deque
@@ -30,6 +33,10 @@ from training.worker import WorkerConfig
 
 Progress = Callable[[str], None]
 
+COMPRESSIONS = ("none", "fp16")
+# Options that change how a run executes, not what it computes: not part of the version id.
+EXECUTION_ONLY = ("hosts", "resume", "timeline")
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -45,20 +52,33 @@ class TrainConfig:
     warmup_epochs: int = 1
     seed: int = 0
     shuffle_buffer: int = 4096
+    backward_passes_per_step: int = 1
+    """Local gradient aggregation: allreduce once every K batches."""
+    compression: str = "none"
+    """Allreduce compression: none or fp16."""
     hosts: str | None = None
     """horovodrun -H value (host:slots,...); default localhost:num_ranks."""
+    resume: bool = False
+    """Continue from the last checkpoint of an interrupted run of the same configuration."""
+    timeline: bool = False
+    """Write Horovod's timeline (chrome://tracing JSON) into the run directory."""
 
     def __post_init__(self) -> None:
         checks = {
             "--np": self.num_ranks,
             "--epochs": self.epochs,
             "--batch-size": self.batch_size,
+            "--backward-passes-per-step": self.backward_passes_per_step,
         }
         for flag, value in checks.items():
             if value < 1:
                 raise ShardflowError(f"{flag} must be at least 1, got {value}")
         if self.model not in models.MODELS:
             raise ShardflowError(f"unknown model {self.model!r}; known: {', '.join(models.MODELS)}")
+        if self.compression not in COMPRESSIONS:
+            raise ShardflowError(
+                f"unknown compression {self.compression!r}; known: {', '.join(COMPRESSIONS)}"
+            )
         if self.learning_rate <= 0:
             raise ShardflowError(f"--lr must be positive, got {self.learning_rate}")
 
@@ -106,7 +126,7 @@ def train(
     except ValueError as exc:
         raise ShardflowError(str(exc)) from exc
     name = model_name(dataset, config.model)
-    parameters = {k: v for k, v in asdict(config).items() if k != "hosts"}
+    parameters = {k: v for k, v in asdict(config).items() if k not in EXECUTION_ONLY}
     parents = [processed.ref]
     version = version_id(
         name=name,
@@ -122,9 +142,14 @@ def train(
         return manifest, dict(manifest.statistics)
 
     run_dir = runs_dir / f"{name}-{version}"
-    if run_dir.exists():
+    if config.resume:
+        if not (run_dir / "checkpoints").is_dir():
+            raise ShardflowError(
+                f"nothing to resume: no checkpoints of this configuration in {run_dir}"
+            )
+    elif run_dir.exists():
         shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     worker_config = WorkerConfig(
         train_url=_split_dir(catalog, processed, "train").resolve().as_uri(),
         test_dir=str(_split_dir(catalog, processed, "test")),
@@ -139,13 +164,16 @@ def train(
         steps_per_epoch=steps,
         shuffle_buffer=config.shuffle_buffer,
         warmup_epochs=min(config.warmup_epochs, config.epochs),
+        backward_passes_per_step=config.backward_passes_per_step,
+        compression=config.compression,
+        resume=config.resume,
     )
     worker_config.dump(run_dir / "worker.json")
     progress(
         f"train: {config.num_ranks} ranks x {steps} steps x {config.batch_size} per batch, "
         f"{config.epochs} epochs, on {processed.name}@{processed.version}"
     )
-    _launch(config, run_dir / "worker.json", progress)
+    _launch(config, run_dir, progress)
     metrics = json.loads((run_dir / "metrics.json").read_text())
 
     with catalog.stage(name, kind="model") as stage:
@@ -167,20 +195,12 @@ def train(
     return manifest, metrics
 
 
-def _launch(config: TrainConfig, worker_json: Path, progress: Progress) -> None:
+def _launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
     hosts = config.hosts or f"localhost:{config.num_ranks}"
-    command = [
-        horovodrun(),
-        "-np",
-        str(config.num_ranks),
-        "-H",
-        hosts,
-        "--gloo",
-        sys.executable,
-        "-m",
-        "training.worker",
-        str(worker_json),
-    ]
+    command = [horovodrun(), "-np", str(config.num_ranks), "-H", hosts, "--gloo"]
+    if config.timeline:
+        command += ["--timeline-filename", str(run_dir / "timeline.json")]
+    command += [sys.executable, "-m", "training.worker", str(run_dir / "worker.json")]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     progress("$ " + " ".join(command))
     tail: deque[str] = deque(maxlen=20)
@@ -194,5 +214,24 @@ def _launch(config: TrainConfig, worker_json: Path, progress: Progress) -> None:
             progress(line)
         returncode = proc.wait()
     if returncode != 0:
-        last = next((t for t in reversed(tail) if "Error" in t), tail[-1] if tail else "")
-        raise ShardflowError(f"horovodrun exited with {returncode}: {last.strip()}")
+        raise ShardflowError(_failure_message(returncode, list(tail)))
+
+
+def _failure_message(returncode: int, tail: list[str]) -> str:
+    """One line saying which rank failed and how, from horovodrun's last lines."""
+    text = "\n".join(tail)
+    rank = re.search(r"Process name: (\S+)", text)
+    code = re.search(r"Exit code: (-?\d+)", text)
+    if rank and code:
+        exit_code = int(code.group(1))
+        how = f"exit code {exit_code}"
+        if exit_code > 128 or exit_code < 0:
+            number = exit_code - 128 if exit_code > 128 else -exit_code
+            with contextlib.suppress(ValueError):
+                how += f" ({signal.Signals(number).name})"
+        return (
+            f"training stopped: rank {rank.group(1)} ended with {how} and horovodrun stopped "
+            "the other ranks; rerun with --resume to continue from the last checkpoint"
+        )
+    last = next((t for t in reversed(tail) if "Error" in t), tail[-1] if tail else "")
+    return f"horovodrun exited with {returncode}: {last.strip()}"

@@ -36,6 +36,9 @@ class WorkerConfig:
     steps_per_epoch: int
     shuffle_buffer: int
     warmup_epochs: int
+    backward_passes_per_step: int = 1
+    compression: str = "none"
+    resume: bool = False
 
     @classmethod
     def load(cls, path: str | Path) -> WorkerConfig:
@@ -64,7 +67,16 @@ def cosine_decay(start_epoch: int, end_epoch: int, floor: float = 0.02) -> Any:
     return multiplier
 
 
+def last_checkpoint(checkpoints: Path) -> tuple[int, Path | None]:
+    """(epochs done, weights file) of the newest checkpoint, or (0, None)."""
+    found = sorted(checkpoints.glob("epoch-*.h5"))
+    if not found:
+        return 0, None
+    return int(found[-1].stem.split("-")[1]), found[-1]
+
+
 def run(config: WorkerConfig) -> None:
+    import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
@@ -100,14 +112,29 @@ def run(config: WorkerConfig) -> None:
     )
     # Horovod: scale the learning rate by the number of ranks (the global batch grows with it).
     scaled_lr = config.learning_rate * num_ranks
-    # Horovod: average gradients across ranks with allreduce.
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(scaled_lr))
+    # Horovod: average gradients across ranks with allreduce; with K backward passes per step,
+    # gradients of K local batches are summed locally and sent once (K times less traffic).
+    optimizer = hvd.DistributedOptimizer(
+        tf.keras.optimizers.legacy.Adam(scaled_lr),
+        backward_passes_per_step=config.backward_passes_per_step,
+        average_aggregated_gradients=True,
+        compression=hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none,
+    )
     model.compile(
         optimizer=optimizer,
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
     run_dir = Path(config.run_dir)
+    checkpoints = run_dir / "checkpoints"
+    initial_epoch = 0
+    if config.resume:
+        # Horovod: rank 0 decides where to resume from and tells the others.
+        done, weights = last_checkpoint(checkpoints) if rank == 0 else (0, None)
+        initial_epoch = int(hvd_tf.broadcast_object(done, root_rank=0))
+        if weights is not None:
+            model.load_weights(str(weights))  # rank 0; the broadcast below reaches the others
+            print(f"resuming after epoch {done} from {weights}", flush=True)
     callbacks: list[Any] = [
         # Horovod: start every rank from rank 0's initial weights.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -134,12 +161,15 @@ def run(config: WorkerConfig) -> None:
             )
         )
     if rank == 0:
-        # Horovod: checkpoints on rank 0 only, so that ranks do not overwrite each other.
-        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        # Horovod: checkpoints and logs on rank 0 only, so that ranks do not overwrite each other.
+        checkpoints.mkdir(parents=True, exist_ok=True)
         callbacks.append(
             tf.keras.callbacks.ModelCheckpoint(
-                str(run_dir / "checkpoints" / "epoch-{epoch:03d}.h5"), save_weights_only=True
+                str(checkpoints / "epoch-{epoch:03d}.h5"), save_weights_only=True
             )
+        )
+        callbacks.append(
+            tf.keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard"), profile_batch=0)
         )
     started = time.perf_counter()
     try:
@@ -147,6 +177,7 @@ def run(config: WorkerConfig) -> None:
             dataset,
             steps_per_epoch=config.steps_per_epoch,
             epochs=config.epochs,
+            initial_epoch=initial_epoch,
             callbacks=callbacks,
             verbose=2 if rank == 0 else 0,
         )
@@ -165,12 +196,23 @@ def run(config: WorkerConfig) -> None:
     predictions = np.argmax(export.predict(x_test, batch_size=1024, verbose=0), axis=1)
     test_accuracy = float(np.mean(predictions == y_test))
     export.save(run_dir / "model.keras")
-    samples = config.steps_per_epoch * config.batch_size * num_ranks * config.epochs
+    epochs_run = config.epochs - initial_epoch
+    samples = config.steps_per_epoch * config.batch_size * num_ranks * epochs_run
+    # What each rank hands to allreduce per epoch: every trainable gradient once per optimizer
+    # step (one step per K backward passes), at 2 bytes per value with fp16 compression.
+    gradient_values = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    value_bytes = 2 if config.compression == "fp16" else 4
+    allreduces = -(-config.steps_per_epoch // config.backward_passes_per_step)
     metrics = {
         "num_ranks": num_ranks,
         "epochs": config.epochs,
         "steps_per_epoch": config.steps_per_epoch,
         "global_batch_size": config.batch_size * num_ranks,
+        "backward_passes_per_step": config.backward_passes_per_step,
+        "compression": config.compression,
+        "resumed_after_epoch": initial_epoch,
+        "gradient_values": gradient_values,
+        "allreduce_bytes_per_epoch": gradient_values * value_bytes * allreduces,
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "test_accuracy": test_accuracy,
         "test_rows": len(y_test),

@@ -103,6 +103,12 @@ def test_real_mnist_over_http_trains_to_97_percent(
     assert processed["rows"] == 5_000
     assert processed["splits"]["train"]["num_row_groups"] % 8 == 0
 
+    files_before = sorted(p for p in (shardflow_home / "catalog").rglob("*") if p.is_file())
+    repeated = ok(shardflow("preprocess", "mnist", "--json")).json
+    assert repeated["version"] == processed["version"]  # recognised: nothing is rewritten
+    files_after = sorted(p for p in (shardflow_home / "catalog").rglob("*") if p.is_file())
+    assert files_after == files_before
+
     trained = ok(shardflow("train", "mnist", "--np", "2", "--epochs", "12", "--json")).json
     assert trained["num_ranks"] == 2
     assert trained["test_rows"] == 1_000

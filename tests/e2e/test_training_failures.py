@@ -1,0 +1,79 @@
+"""A rank dies mid-epoch: the job ends promptly with a clear message, and --resume finishes it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import Result
+
+pytestmark = pytest.mark.e2e
+
+
+def worker_ranks() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "training.worker" in cmdline and "horovodrun" not in " ".join(cmdline):
+            found.append(proc)
+    return found
+
+
+def test_killed_rank_stops_the_job_and_resume_finishes(
+    shardflow: Callable[..., Result], fashion_subset: Path, shardflow_home: Path, tmp_path: Path
+) -> None:
+    assert shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset)).returncode == 0
+    assert shardflow("preprocess", "fashion-mnist").returncode == 0
+
+    train = ["train", "fashion-mnist", "--np", "2", "--epochs", "5", "--batch-size", "8"]
+    env = {
+        **os.environ,
+        "SHARDFLOW_HOME": str(shardflow_home),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+    }
+    executable = Path(sys.executable).parent / "shardflow"
+    proc = subprocess.Popen(
+        [str(executable), *train, "--verbose"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "Epoch 3/5" in line:  # epochs 1 and 2 are checkpointed
+            break
+    else:
+        pytest.fail("training never reached epoch 3:\n" + "".join(lines[-20:]))
+    ranks = worker_ranks()
+    assert len(ranks) == 2
+    ranks[-1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    rest = proc.stderr.read()
+    returncode = proc.wait(timeout=120)
+    assert time.monotonic() - killed_at < 60
+    assert returncode == 1
+    error_lines = [line for line in rest.splitlines() if line.startswith("shardflow:")]
+    assert len(error_lines) == 1, rest[-2000:]
+    assert "ended with exit code 137 (SIGKILL)" in error_lines[0]
+    assert "--resume" in error_lines[0]
+    assert worker_ranks() == []
+    kinds = {d["kind"] for d in shardflow("catalog", "list", "--json").json["datasets"]}
+    assert kinds == {"raw", "processed"}  # no model version from the failed run
+
+    resumed = shardflow(*train, "--resume", "--json")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = resumed.json
+    assert result["resumed_after_epoch"] >= 2
+    assert result["epochs"] == 5
+    assert result["test_accuracy"] >= 0.70
