@@ -163,6 +163,32 @@ def _train_summary(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def cmd_bench(ctx: Context, args: argparse.Namespace) -> int:
+    from training import bench
+
+    catalog = ctx.catalog()
+    if args.benchmark == "reader":
+        result = bench.bench_reader(
+            catalog,
+            args.dataset,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            progress=ctx.progress,
+        )
+        human = f"streaming ÷ in-memory epoch time: {result['ratio']:.3f}"
+    else:
+        result = bench.bench_scaling(
+            catalog,
+            args.dataset,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            progress=ctx.progress,
+        )
+        human = f"samples/s, 2 ranks ÷ 1 rank (1 thread each): {result['ratio']:.3f}"
+    emit(ctx, result, [human])
+    return 0
+
+
 # --- catalog -------------------------------------------------------------------------------
 
 
@@ -427,6 +453,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_preprocess_options(run)
     _add_train_options(run)
     run.set_defaults(handler=cmd_run)
+
+    bench = commands.add_parser("bench", help="benchmarks: ratios measured side by side in one run")
+    bench.add_argument(
+        "benchmark",
+        choices=("reader", "scaling"),
+        help="reader: streaming ÷ in-memory epoch time; "
+        "scaling: samples/s on 2 ranks ÷ 1 rank, one thread per rank",
+    )
+    _add_dataset(bench)
+    bench.add_argument("--steps", type=_positive, default=300, help="steps timed per run")
+    bench.add_argument("--batch-size", type=_positive, default=32, help="per rank (default: 32)")
+    _add_common(bench)
+    bench.set_defaults(handler=cmd_bench)
 
     catalog = commands.add_parser("catalog", help="list, show, verify dataset and model versions")
     actions = catalog.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -173,7 +173,7 @@ def train(
         f"train: {config.num_ranks} ranks x {steps} steps x {config.batch_size} per batch, "
         f"{config.epochs} epochs, on {processed.name}@{processed.version}"
     )
-    _launch(config, run_dir, progress)
+    launch(config, run_dir, progress)
     metrics = json.loads((run_dir / "metrics.json").read_text())
 
     with catalog.stage(name, kind="model") as stage:
@@ -195,7 +195,8 @@ def train(
     return manifest, metrics
 
 
-def _launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
+def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
+    """Run `horovodrun` on the worker config in ``run_dir``; raises ShardflowError on failure."""
     hosts = config.hosts or f"localhost:{config.num_ranks}"
     command = [horovodrun(), "-np", str(config.num_ranks), "-H", hosts, "--gloo"]
     if config.timeline:

@@ -39,6 +39,10 @@ class WorkerConfig:
     backward_passes_per_step: int = 1
     compression: str = "none"
     resume: bool = False
+    threads_per_rank: int = 0
+    """Compute threads per rank; 0 shares the host's cores among its ranks."""
+    evaluate: bool = True
+    """Evaluate on the test split and save the model (benchmarks skip both)."""
 
     @classmethod
     def load(cls, path: str | Path) -> WorkerConfig:
@@ -48,13 +52,32 @@ class WorkerConfig:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
 
 
-def _configure_threads(local_size: int) -> None:
+def _configure_threads(local_size: int, threads_per_rank: int) -> None:
     import tensorflow as tf
 
     # Ranks on one host share its cores; without this each would start a pool per core.
-    threads = max(1, (os.cpu_count() or 1) // local_size)
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+
+
+def epoch_timer() -> Any:
+    """A Keras callback recording each epoch's wall time in ``.seconds``."""
+    import tensorflow as tf
+
+    class EpochTimer(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.seconds: list[float] = []
+            self._started = 0.0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._started = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.seconds.append(time.perf_counter() - self._started)
+
+    return EpochTimer()
 
 
 def cosine_decay(start_epoch: int, end_epoch: int, floor: float = 0.02) -> Any:
@@ -95,7 +118,7 @@ def run(config: WorkerConfig) -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    _configure_threads(hvd.local_size())
+    _configure_threads(hvd.local_size(), config.threads_per_rank)
     tf.keras.utils.set_random_seed(config.seed)
 
     reader, dataset = make_train_dataset(
@@ -171,6 +194,8 @@ def run(config: WorkerConfig) -> None:
         callbacks.append(
             tf.keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard"), profile_batch=0)
         )
+    timer = epoch_timer()
+    callbacks.append(timer)
     started = time.perf_counter()
     try:
         history = model.fit(
@@ -188,22 +213,14 @@ def run(config: WorkerConfig) -> None:
     if rank != 0:
         return
 
-    export = models.build(
-        config.model, image_shape=config.image_shape, num_classes=config.num_classes
-    )
-    export.set_weights(model.get_weights())
-    x_test, y_test = load_split(config.test_dir, config.image_shape)
-    predictions = np.argmax(export.predict(x_test, batch_size=1024, verbose=0), axis=1)
-    test_accuracy = float(np.mean(predictions == y_test))
-    export.save(run_dir / "model.keras")
     epochs_run = config.epochs - initial_epoch
-    samples = config.steps_per_epoch * config.batch_size * num_ranks * epochs_run
+    samples_per_epoch = config.steps_per_epoch * config.batch_size * num_ranks
     # What each rank hands to allreduce per epoch: every trainable gradient once per optimizer
     # step (one step per K backward passes), at 2 bytes per value with fp16 compression.
     gradient_values = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     value_bytes = 2 if config.compression == "fp16" else 4
     allreduces = -(-config.steps_per_epoch // config.backward_passes_per_step)
-    metrics = {
+    metrics: dict[str, Any] = {
         "num_ranks": num_ranks,
         "epochs": config.epochs,
         "steps_per_epoch": config.steps_per_epoch,
@@ -214,13 +231,25 @@ def run(config: WorkerConfig) -> None:
         "gradient_values": gradient_values,
         "allreduce_bytes_per_epoch": gradient_values * value_bytes * allreduces,
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
-        "test_accuracy": test_accuracy,
-        "test_rows": len(y_test),
+        "epoch_seconds": timer.seconds,
         "train_seconds": train_seconds,
-        "samples_per_second": samples / train_seconds,
+        "samples_per_second": samples_per_epoch * epochs_run / train_seconds,
     }
+    if config.evaluate:
+        export = models.build(
+            config.model, image_shape=config.image_shape, num_classes=config.num_classes
+        )
+        export.set_weights(model.get_weights())
+        x_test, y_test = load_split(config.test_dir, config.image_shape)
+        predictions = np.argmax(export.predict(x_test, batch_size=1024, verbose=0), axis=1)
+        metrics["test_accuracy"] = float(np.mean(predictions == y_test))
+        metrics["test_rows"] = len(y_test)
+        export.save(run_dir / "model.keras")
+        print(
+            f"test accuracy {metrics['test_accuracy']:.4f} on {len(y_test)} held-out images",
+            flush=True,
+        )
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    print(f"test accuracy {test_accuracy:.4f} on {len(y_test)} held-out images", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
