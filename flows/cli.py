@@ -124,6 +124,8 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     if not ctx.verbose:
         # Prefect's console log stays quiet (the flow run's logs still reach its API and UI).
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    if ctx.debug:
+        os.environ["SHARDFLOW_DEBUG"] = "1"
     from flows.pipeline import pipeline
 
     result = pipeline(
@@ -132,7 +134,6 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         source=args.source,
         workers=args.workers,
         scheduler=args.scheduler,
-        show_tracebacks=ctx.debug,
         **_train_options(args),
     )
     emit(ctx, result, _train_summary(result))

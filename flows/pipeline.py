@@ -1,17 +1,45 @@
-"""Prefect flows: the stages of ``flows.stages`` as tasks of one pipeline flow run."""
+"""Prefect flows: each stage a flow of its own, and the pipeline flow running all three.
+
+    shardflow-pipeline
+      ├─ shardflow-ingest       task fetch-and-check; progress + table of fetched files
+      ├─ shardflow-preprocess   one write-shard task per shard on a DaskTaskRunner;
+      │                         progress, table of shards, summary with the Dask dashboard
+      └─ shardflow-train        task horovodrun (its output streamed into the flow's logs);
+                                table of per-epoch metrics, summary
+
+Flows only wire library calls; the libraries never import Prefect.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.context import FlowRunContext
+from prefect.futures import as_completed
 from prefect.runtime import flow_run
+from prefect_dask import DaskTaskRunner
 
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
 from flows import stages
+from preprocessing.images import ClusterConfig, commit_job, plan_job, write_shard
+from preprocessing.plan import PlanConfig, Shard
+from training.launcher import TrainConfig
+from training.launcher import train as train_model
+
+# Set by the CLI's --debug: keep the tracebacks of user errors in the flow logs.
+DEBUG_ENV = "SHARDFLOW_DEBUG"
 
 
 class _UserErrorsWithoutTracebacks(logging.Filter):
@@ -27,6 +55,8 @@ class _UserErrorsWithoutTracebacks(logging.Filter):
 def _hide_user_error_tracebacks() -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
+    if os.environ.get(DEBUG_ENV):
+        return
     for handler in logging.getLogger().handlers:
         if isinstance(handler, PrefectConsoleHandler) and not any(
             isinstance(f, _UserErrorsWithoutTracebacks) for f in handler.filters
@@ -35,41 +65,259 @@ def _hide_user_error_tracebacks() -> None:
 
 
 def _catalog(home: str) -> Catalog:
-    import os
-
     return Catalog(Path(home) / "catalog", index_url=os.environ.get("SHARDFLOW_CATALOG_URL"))
 
 
-def _logger_progress() -> Any:
+def _key(*parts: str) -> str:
+    """An artifact key (lowercase letters, digits and dashes only)."""
+    return "-".join(parts).lower().replace("_", "-").replace(".", "-")
+
+
+# --- ingest --------------------------------------------------------------------------------
+
+
+@task(name="fetch-and-check")
+def ingest_task(home: str, dataset: str, source: str | None, artifact: UUID) -> dict[str, Any]:
     logger = get_run_logger()
-    return logger.info
+    done: list[dict[str, Any]] = []
 
+    def on_file(fetched: dict[str, Any]) -> None:
+        done.append(fetched)
+        fetched_bytes = sum(int(f["bytes"]) for f in done)
+        # Four files, then the checks: the last fifth of the bar is the validation.
+        update_progress_artifact(
+            artifact,
+            progress=80.0 * len(done) / 4,
+            description=f"{len(done)}/4 files fetched, {fetched_bytes:,} bytes",
+        )
 
-@task(name="ingest")
-def ingest_task(home: str, dataset: str, source: str | None) -> dict[str, Any]:
-    return stages.ingest(_catalog(home), dataset, source=source, progress=_logger_progress())
-
-
-@task(name="preprocess")
-def preprocess_task(home: str, dataset: str, workers: int, scheduler: str | None) -> dict[str, Any]:
-    return stages.preprocess(
-        _catalog(home),
-        dataset,
-        workers=workers,
-        scheduler=scheduler,
-        progress=_logger_progress(),
+    return stages.ingest(
+        _catalog(home), dataset, source=source, progress=logger.info, on_file=on_file
     )
 
 
-@task(name="train")
+@flow(name="shardflow-ingest")
+def ingest_flow(dataset: str, home: str, source: str | None = None) -> dict[str, Any]:
+    """Fetch and check the raw files of ``dataset`` into a raw catalog version."""
+    _hide_user_error_tracebacks()
+    artifact = create_progress_artifact(
+        progress=0.0, key=_key(dataset, "ingest-progress"), description=f"fetching {dataset}"
+    )
+    result = ingest_task(home, dataset, source, artifact)
+    manifest = _catalog(home).get(dataset, result["version"])
+    update_progress_artifact(
+        artifact,
+        progress=100.0,
+        description=f"{len(manifest.files)} files, {manifest.rows:,} rows checked",
+    )
+    create_table_artifact(
+        key=_key(dataset, "raw-files"),
+        table=[
+            {"file": f.path, "rows": f.rows, "bytes": f.bytes, "sha256": f.sha256}
+            for f in manifest.files
+        ],
+        description=f"{dataset}@{manifest.version}: the fetched files",
+    )
+    return result
+
+
+# --- preprocess ----------------------------------------------------------------------------
+
+
+@task(name="write-shard", task_run_name="write-{shard.split}-{shard.index:05d}")
+def write_shard_task(images: str, labels: str, shard: Shard, out_dir: str) -> dict[str, Any]:
+    return write_shard(images, labels, shard, out_dir)
+
+
+def _dask_runner(cluster: ClusterConfig) -> DaskTaskRunner:
+    if cluster.scheduler is not None:
+        return DaskTaskRunner(address=cluster.scheduler)
+    return DaskTaskRunner(
+        cluster_class="distributed.LocalCluster",
+        cluster_kwargs={
+            "n_workers": cluster.workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "memory_limit": cluster.memory_limit,
+            "dashboard_address": "127.0.0.1:0",
+        },
+    )
+
+
+@flow(name="shardflow-preprocess", task_runner=_dask_runner(ClusterConfig()))
+def preprocess_flow(
+    dataset: str, home: str, workers: int = 2, scheduler: str | None = None
+) -> dict[str, Any]:
+    """The latest raw version → Parquet shards, one Dask task run per shard."""
+    _hide_user_error_tracebacks()
+    logger = get_run_logger()
+    catalog = _catalog(home)
+    job = plan_job(catalog, dataset, PlanConfig())
+    if catalog.exists(job.name, job.version):
+        logger.info("%s@%s already in the catalog; nothing to do", job.name, job.version)
+        return stages.preprocess_result(dataset, catalog.get(job.name, job.version))
+
+    context = FlowRunContext.get()
+    runner = context.task_runner if context else None
+    dashboard = getattr(getattr(runner, "client", None), "dashboard_link", None)
+    logger.info("Dask dashboard: %s", dashboard)
+    shards = job.shards
+    artifact = create_progress_artifact(
+        progress=0.0,
+        key=_key(dataset, "preprocess-progress"),
+        description=f"0/{len(shards)} shards, 0/{job.rows:,} rows",
+    )
+    written: list[dict[str, Any]] = []
+    with catalog.stage(job.name, kind="processed") as stage:
+        # A bounded window of shards in flight, so that memory does not grow with their number.
+        size = 2 * max(workers, 1)
+        for window in (shards[i : i + size] for i in range(0, len(shards), size)):
+            futures = [
+                write_shard_task.submit(
+                    job.images[s.split], job.labels[s.split], s, str(stage.path)
+                )
+                for s in window
+            ]
+            for future in as_completed(futures):
+                written.append(future.result())
+                rows = sum(int(r["rows"]) for r in written)
+                nbytes = sum(int(r["bytes"]) for r in written)
+                update_progress_artifact(
+                    artifact,
+                    progress=100.0 * len(written) / len(shards),
+                    description=(
+                        f"{len(written)}/{len(shards)} shards, {rows:,}/{job.rows:,} rows, "
+                        f"{nbytes:,} bytes"
+                    ),
+                )
+        manifest = commit_job(job, stage, sorted(written, key=lambda r: str(r["path"])))
+    create_table_artifact(
+        key=_key(dataset, "shards"),
+        table=[
+            {"path": f.path, "rows": f.rows, "row_groups": f.row_groups, "bytes": f.bytes}
+            for f in manifest.files
+        ],
+        description=f"{manifest.name}@{manifest.version}: Parquet shards",
+    )
+    create_markdown_artifact(
+        key=_key(dataset, "preprocess-summary"),
+        markdown=(
+            f"## {manifest.name}@{manifest.version}\n\n"
+            f"- {manifest.rows:,} rows in {len(manifest.files)} Parquet shards, "
+            f"parent `{manifest.parents[0]}`\n"
+            f"- training row groups: {manifest.statistics['train']['num_row_groups']} of "
+            f"{manifest.statistics['train']['rows_per_group']} rows\n"
+            f"- Dask dashboard: {dashboard}\n"
+            f"- catalog: `shardflow catalog show {manifest.name}@{manifest.version}`\n"
+        ),
+    )
+    return stages.preprocess_result(dataset, manifest)
+
+
+def _share_api_with_dask_workers() -> None:
+    """Point Dask worker processes at this process's Prefect API.
+
+    Without a configured server Prefect runs a temporary one for this process only; worker
+    processes that inherit no PREFECT_API_URL would each start their own, and the shard task
+    runs would be recorded there instead of in this flow run.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        os.environ["PREFECT_API_URL"] = str(client.api_url)
+
+
+def run_preprocess_flow(
+    dataset: str, home: str, workers: int, scheduler: str | None
+) -> dict[str, Any]:
+    """The preprocess flow on a Dask cluster of the asked shape."""
+    _share_api_with_dask_workers()
+    runner = _dask_runner(ClusterConfig(workers=workers, scheduler=scheduler))
+    result: dict[str, Any] = preprocess_flow.with_options(task_runner=runner)(
+        dataset=dataset, home=home, workers=workers, scheduler=scheduler
+    )
+    return result
+
+
+# --- train ---------------------------------------------------------------------------------
+
+
+@task(name="horovodrun")
 def train_task(home: str, dataset: str, options: dict[str, Any]) -> dict[str, Any]:
-    return stages.train(
-        _catalog(home),
+    catalog = _catalog(home)
+    manifest, metrics = train_model(
+        catalog,
         dataset,
+        config=TrainConfig(**options),
         runs_dir=Path(home) / "runs",
-        progress=_logger_progress(),
-        **options,
+        progress=get_run_logger().info,
     )
+    return stages.train_result(dataset, manifest, metrics)
+
+
+@flow(name="shardflow-train")
+def train_flow(
+    dataset: str,
+    home: str,
+    num_ranks: int = 2,
+    epochs: int = 3,
+    batch_size: int = 32,
+    model: str = "cnn",
+    learning_rate: float = 0.001,
+    seed: int = 0,
+    hosts: str | None = None,
+    backward_passes_per_step: int = 1,
+    compression: str = "none",
+    resume: bool = False,
+    timeline: bool = False,
+) -> dict[str, Any]:
+    """Train on the latest processed version with horovodrun; commit the model."""
+    _hide_user_error_tracebacks()
+    options = {
+        "num_ranks": num_ranks,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "model": model,
+        "learning_rate": learning_rate,
+        "seed": seed,
+        "hosts": hosts,
+        "backward_passes_per_step": backward_passes_per_step,
+        "compression": compression,
+        "resume": resume,
+        "timeline": timeline,
+    }
+    result = train_task(home, dataset, options)
+    history = result["history"]
+    create_table_artifact(
+        key=_key(result["model_name"], "epochs"),
+        table=[
+            {
+                "epoch": epoch + 1 + result["resumed_after_epoch"],
+                **{name: values[epoch] for name, values in history.items()},
+            }
+            for epoch in range(len(history.get("loss", [])))
+        ],
+        description=f"{result['model_name']}@{result['version']}: per-epoch metrics (rank 0)",
+    )
+    create_markdown_artifact(
+        key=_key(result["model_name"], "summary"),
+        markdown=(
+            f"## {result['model_name']}@{result['version']}\n\n"
+            f"- test accuracy **{result['test_accuracy']:.4f}** on {result['test_rows']:,} "
+            f"held-out rows\n"
+            f"- {result['num_ranks']} ranks, {result['epochs']} epochs, "
+            f"{result['samples_per_second']:.0f} samples/s\n"
+            f"- allreduce payload per rank per epoch: {result['allreduce_bytes_per_epoch']:,} "
+            f"bytes\n"
+            f"- trained on `{result['dataset_version']}`; run directory `{result['run_dir']}`\n"
+        ),
+    )
+    return result
+
+
+# --- pipeline ------------------------------------------------------------------------------
 
 
 @flow(name="shardflow-pipeline")
@@ -90,29 +338,25 @@ def pipeline(
     compression: str = "none",
     resume: bool = False,
     timeline: bool = False,
-    show_tracebacks: bool = False,
 ) -> dict[str, Any]:
-    """Ingest → preprocess → train, each a task of this flow run."""
-    if not show_tracebacks:
-        _hide_user_error_tracebacks()
-    raw = ingest_task(home, dataset, source)
-    processed = preprocess_task(home, dataset, workers, scheduler)
-    trained = train_task(
-        home,
-        dataset,
-        {
-            "num_ranks": num_ranks,
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "model": model,
-            "learning_rate": learning_rate,
-            "seed": seed,
-            "hosts": hosts,
-            "backward_passes_per_step": backward_passes_per_step,
-            "compression": compression,
-            "resume": resume,
-            "timeline": timeline,
-        },
+    """Ingest → preprocess → train, each a flow run of its own under this one."""
+    _hide_user_error_tracebacks()
+    raw = ingest_flow(dataset=dataset, home=home, source=source)
+    processed = run_preprocess_flow(dataset, home, workers, scheduler)
+    trained = train_flow(
+        dataset=dataset,
+        home=home,
+        num_ranks=num_ranks,
+        epochs=epochs,
+        batch_size=batch_size,
+        model=model,
+        learning_rate=learning_rate,
+        seed=seed,
+        hosts=hosts,
+        backward_passes_per_step=backward_passes_per_step,
+        compression=compression,
+        resume=resume,
+        timeline=timeline,
     )
     return {
         **trained,

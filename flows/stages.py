@@ -1,7 +1,7 @@
 """The three stages as plain calls returning JSON-ready results.
 
-The CLI calls these directly; the Prefect flows in ``flows.pipeline`` wrap the same calls in
-tasks. Nothing here imports Prefect.
+The CLI calls these directly; the Prefect flows in ``flows.pipeline`` call the same library
+functions inside tasks and use the same result shapes. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -10,20 +10,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from data_catalog import Catalog
-from preprocessing.images import ClusterConfig, PreprocessConfig, processed_name
+from data_catalog import Catalog, Manifest
+from preprocessing.images import ClusterConfig, PreprocessConfig
 from preprocessing.images import preprocess as preprocess_images
 from preprocessing.sources import mnist
-from training.launcher import TrainConfig, model_name
+from training.launcher import TrainConfig
 from training.launcher import train as train_model
 
 Progress = Callable[[str], None]
 
 
-def ingest(
-    catalog: Catalog, dataset: str, *, source: str | None, progress: Progress
-) -> dict[str, Any]:
-    manifest = mnist.ingest(catalog, dataset, source=source, progress=progress)
+def ingest_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
     return {
         "dataset": dataset,
         "version": manifest.version,
@@ -34,11 +31,7 @@ def ingest(
     }
 
 
-def preprocess(
-    catalog: Catalog, dataset: str, *, workers: int, scheduler: str | None, progress: Progress
-) -> dict[str, Any]:
-    config = PreprocessConfig(cluster=ClusterConfig(workers=workers, scheduler=scheduler))
-    manifest = preprocess_images(catalog, dataset, config=config, progress=progress)
+def preprocess_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
     return {
         "dataset": dataset,
         "name": manifest.name,
@@ -50,19 +43,12 @@ def preprocess(
     }
 
 
-def train(
-    catalog: Catalog, dataset: str, *, runs_dir: Path, progress: Progress, **options: Any
-) -> dict[str, Any]:
-    config = TrainConfig(**options)
-    manifest, metrics = train_model(
-        catalog, dataset, config=config, runs_dir=runs_dir, progress=progress
-    )
+def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> dict[str, Any]:
     return {
         "dataset": dataset,
-        "model_name": model_name(dataset, config.model),
+        "model_name": manifest.name,
         "version": manifest.version,
         "dataset_version": str(manifest.parents[0]),
-        "processed": processed_name(dataset),
         "num_ranks": metrics["num_ranks"],
         "epochs": metrics["epochs"],
         "test_accuracy": metrics["test_accuracy"],
@@ -76,3 +62,32 @@ def train(
         "resumed_after_epoch": metrics["resumed_after_epoch"],
         "run_dir": manifest.extra.get("run_dir"),
     }
+
+
+def ingest(
+    catalog: Catalog,
+    dataset: str,
+    *,
+    source: str | None,
+    progress: Progress,
+    on_file: Callable[[dict[str, Any]], None] = lambda _file: None,
+) -> dict[str, Any]:
+    manifest = mnist.ingest(catalog, dataset, source=source, progress=progress, on_file=on_file)
+    return ingest_result(dataset, manifest)
+
+
+def preprocess(
+    catalog: Catalog, dataset: str, *, workers: int, scheduler: str | None, progress: Progress
+) -> dict[str, Any]:
+    config = PreprocessConfig(cluster=ClusterConfig(workers=workers, scheduler=scheduler))
+    manifest = preprocess_images(catalog, dataset, config=config, progress=progress)
+    return preprocess_result(dataset, manifest)
+
+
+def train(
+    catalog: Catalog, dataset: str, *, runs_dir: Path, progress: Progress, **options: Any
+) -> dict[str, Any]:
+    manifest, metrics = train_model(
+        catalog, dataset, config=TrainConfig(**options), runs_dir=runs_dir, progress=progress
+    )
+    return train_result(dataset, manifest, metrics)

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest, code_version, version_id
+from data_catalog import Catalog, Manifest, ParentRef, Staging, code_version, version_id
 from data_catalog.errors import ShardflowError
 from preprocessing import schemas
 from preprocessing.plan import (
@@ -122,11 +122,109 @@ def dask_client(config: ClusterConfig, progress: Progress) -> Iterator[Any]:
         yield client
 
 
+@dataclass(frozen=True, kw_only=True)
+class ImageJob:
+    """A planned preprocessing run: the shards to write and the version they will become."""
+
+    raw: Manifest
+    name: str
+    version: str
+    parents: tuple[ParentRef, ...]
+    parameters: dict[str, Any]
+    plans: tuple[SplitPlan, ...]
+    images: dict[str, str]
+    """Raw images file of each split."""
+    labels: dict[str, str]
+
+    @property
+    def shards(self) -> list[Shard]:
+        return [shard for plan in self.plans for shard in plan.shards]
+
+    @property
+    def rows(self) -> int:
+        return sum(plan.rows for plan in self.plans)
+
+    def write(self, shard: Shard, out_dir: str) -> dict[str, Any]:
+        """Write one shard (locally; Dask tasks call :func:`write_shard` with the same args)."""
+        return write_shard(self.images[shard.split], self.labels[shard.split], shard, out_dir)
+
+
+def plan_job(catalog: Catalog, dataset: str, plan: PlanConfig) -> ImageJob:
+    """Plan the processing of the latest raw version of ``dataset`` (reads manifests only)."""
+    raw = catalog.get(dataset)
+    if raw.kind != "raw":
+        raise ShardflowError(f"{dataset}@{raw.version} is {raw.kind}, expected a raw version")
+    files = raw.schema["files"]
+    path_of = {e.path: catalog.file_path(raw, e) for e in raw.files}
+    name = processed_name(dataset)
+    parents = (raw.ref,)
+    parameters = {"plan": asdict(plan), "writer_version": WRITER_VERSION}
+    return ImageJob(
+        raw=raw,
+        name=name,
+        version=version_id(
+            name=name,
+            kind="processed",
+            parents=parents,
+            sources=(),
+            parameters=parameters,
+            code_version=code_version(),
+        ),
+        parents=parents,
+        parameters=parameters,
+        plans=(
+            plan_training_split("train", int(raw.statistics["train_rows"]), plan),
+            plan_evaluation_split("test", int(raw.statistics["test_rows"]), plan),
+        ),
+        images={
+            "train": str(path_of[files["train-images-idx3-ubyte"]]),
+            "test": str(path_of[files["t10k-images-idx3-ubyte"]]),
+        },
+        labels={
+            "train": str(path_of[files["train-labels-idx1-ubyte"]]),
+            "test": str(path_of[files["t10k-labels-idx1-ubyte"]]),
+        },
+    )
+
+
+def commit_job(job: ImageJob, stage: Staging, written: list[dict[str, Any]]) -> Manifest:
+    """Commit the shards written into ``stage`` as the job's processed version."""
+    expected = {shard.path for shard in job.shards}
+    missing = expected - {str(r["path"]) for r in written}
+    if missing:
+        raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
+    raw = job.raw
+    return stage.commit(
+        parents=job.parents,
+        parameters=job.parameters,
+        schema={
+            "format": "parquet",
+            "arrow_schema": schemas.IMAGE_SCHEMA.to_string(),
+            "columns": list(schemas.IMAGE_COLUMNS),
+            "image_shape": raw.schema["image_shape"],
+            "num_classes": raw.schema["num_classes"],
+            "class_names": raw.schema["class_names"],
+            "splits": {p.split: p.split for p in job.plans},
+        },
+        statistics={
+            p.split: {
+                "rows": p.rows,
+                "source_rows": p.source_rows,
+                "dropped_rows": p.dropped_rows,
+                "rows_per_group": p.rows_per_group,
+                "num_row_groups": p.num_row_groups,
+                "num_shards": len(p.shards),
+                "policy": "drop" if p.split == "train" else "whole",
+            }
+            for p in job.plans
+        },
+        rows=sum(int(r["rows"]) for r in written),
+    )
+
+
 def run_shards(
     client: Any,
-    images: dict[str, str],
-    labels: dict[str, str],
-    plans: list[SplitPlan],
+    job: ImageJob,
     out_dir: Path,
     progress: Progress,
 ) -> list[dict[str, Any]]:
@@ -134,13 +232,26 @@ def run_shards(
     grow with the number of shards."""
     from distributed import as_completed
 
-    shards = [shard for plan in plans for shard in plan.shards]
-    total_rows = sum(s.rows for s in shards)
+    shards = job.shards
     window = max(2, 2 * len(client.scheduler_info().get("workers", {})))
     pending = iter(shards)
     futures = as_completed()
+
+    def submit(shard: Shard) -> None:
+        futures.add(
+            client.submit(
+                write_shard,
+                job.images[shard.split],
+                job.labels[shard.split],
+                shard,
+                str(out_dir),
+                key=f"write-shard-{job.version}-{shard.split}-{shard.index:05d}-{os.getpid()}",
+                pure=False,
+            )
+        )
+
     for shard in [s for _, s in zip(range(window), pending, strict=False)]:
-        futures.add(_submit(client, images, labels, shard, out_dir))
+        submit(shard)
     results = []
     rows_done = 0
     for future in futures:
@@ -148,26 +259,12 @@ def run_shards(
         results.append(result)
         rows_done += result["rows"]
         progress(
-            f"preprocess: {len(results)}/{len(shards)} shards, {rows_done:,}/{total_rows:,} rows"
+            f"preprocess: {len(results)}/{len(shards)} shards, {rows_done:,}/{job.rows:,} rows"
         )
         following = next(pending, None)
         if following is not None:
-            futures.add(_submit(client, images, labels, following, out_dir))
+            submit(following)
     return sorted(results, key=lambda r: str(r["path"]))
-
-
-def _submit(
-    client: Any, images: dict[str, str], labels: dict[str, str], shard: Shard, out_dir: Path
-) -> Any:
-    return client.submit(
-        write_shard,
-        images[shard.split],
-        labels[shard.split],
-        shard,
-        str(out_dir),
-        key=f"write-shard-{shard.split}-{shard.index:05d}-{os.getpid()}",
-        pure=False,
-    )
 
 
 def preprocess(
@@ -177,72 +274,19 @@ def preprocess(
     config: PreprocessConfig | None = None,
     progress: Progress = lambda _msg: None,
 ) -> Manifest:
-    """Turn the latest raw version of ``dataset`` into a processed version.
+    """Turn the latest raw version of ``dataset`` into a processed version on Dask.
 
     Returns the existing version, doing no work, when the same raw version was already
     processed with the same parameters and code.
     """
     config = config or PreprocessConfig()
-    raw = catalog.get(dataset)
-    if raw.kind != "raw":
-        raise ShardflowError(f"{dataset}@{raw.version} is {raw.kind}, expected a raw version")
-    files = raw.schema["files"]
-    path_of = {e.path: catalog.file_path(raw, e) for e in raw.files}
-    images = {
-        "train": str(path_of[files["train-images-idx3-ubyte"]]),
-        "test": str(path_of[files["t10k-images-idx3-ubyte"]]),
-    }
-    labels = {
-        "train": str(path_of[files["train-labels-idx1-ubyte"]]),
-        "test": str(path_of[files["t10k-labels-idx1-ubyte"]]),
-    }
-    plans = [
-        plan_training_split("train", int(raw.statistics["train_rows"]), config.plan),
-        plan_evaluation_split("test", int(raw.statistics["test_rows"]), config.plan),
-    ]
-    name = processed_name(dataset)
-    parents = [raw.ref]
-    parameters = {"plan": asdict(config.plan), "writer_version": WRITER_VERSION}
-    version = version_id(
-        name=name,
-        kind="processed",
-        parents=parents,
-        sources=(),
-        parameters=parameters,
-        code_version=code_version(),
-    )
-    if catalog.exists(name, version):
-        progress(f"{name}@{version} already in the catalog; nothing to do")
-        return catalog.get(name, version)
-
+    job = plan_job(catalog, dataset, config.plan)
+    if catalog.exists(job.name, job.version):
+        progress(f"{job.name}@{job.version} already in the catalog; nothing to do")
+        return catalog.get(job.name, job.version)
     with (
-        catalog.stage(name, kind="processed") as stage,
+        catalog.stage(job.name, kind="processed") as stage,
         dask_client(config.cluster, progress) as client,
     ):
-        written = run_shards(client, images, labels, plans, stage.path, progress)
-        return stage.commit(
-            parents=parents,
-            parameters=parameters,
-            schema={
-                "format": "parquet",
-                "arrow_schema": schemas.IMAGE_SCHEMA.to_string(),
-                "columns": list(schemas.IMAGE_COLUMNS),
-                "image_shape": raw.schema["image_shape"],
-                "num_classes": raw.schema["num_classes"],
-                "class_names": raw.schema["class_names"],
-                "splits": {p.split: p.split for p in plans},
-            },
-            statistics={
-                p.split: {
-                    "rows": p.rows,
-                    "source_rows": p.source_rows,
-                    "dropped_rows": p.dropped_rows,
-                    "rows_per_group": p.rows_per_group,
-                    "num_row_groups": p.num_row_groups,
-                    "num_shards": len(p.shards),
-                    "policy": "drop" if p.split == "train" else "whole",
-                }
-                for p in plans
-            },
-            rows=sum(int(r["rows"]) for r in written),
-        )
+        written = run_shards(client, job, stage.path, progress)
+        return commit_job(job, stage, written)

@@ -27,6 +27,7 @@ from data_catalog.errors import ShardflowError
 from preprocessing.sources import idx
 
 Progress = Callable[[str], None]
+FileDone = Callable[[dict[str, Any]], None]
 
 FILE_STEMS = (
     "train-images-idx3-ubyte",
@@ -179,7 +180,7 @@ def _resolve(source: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 def _fetch_all(
-    dataset: ImageSet, source: str, dest: Path, progress: Progress
+    dataset: ImageSet, source: str, dest: Path, progress: Progress, on_file: FileDone
 ) -> list[dict[str, Any]]:
     fs, base = _resolve(source)
     located: list[tuple[str, str]] = []
@@ -201,7 +202,9 @@ def _fetch_all(
         progress(f"fetched {url} ({size:,} bytes)")
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         uri = url if protocol != "file" else "file://" + url
-        sources.append({"uri": uri, "file": name, "sha256": digest, "bytes": size, "stem": stem})
+        fetched = {"uri": uri, "file": name, "sha256": digest, "bytes": size, "stem": stem}
+        sources.append(fetched)
+        on_file(fetched)
     return sources
 
 
@@ -211,6 +214,7 @@ def ingest(
     *,
     source: str | None = None,
     progress: Progress = lambda _msg: None,
+    on_file: FileDone = lambda _file: None,
 ) -> Manifest:
     """Fetch the four IDX files of ``dataset_name`` into a new raw catalog version.
 
@@ -227,7 +231,7 @@ def ingest(
     for candidate in candidates:
         with catalog.stage(dataset.name, kind="raw") as stage:
             try:
-                sources = _fetch_all(dataset, candidate, stage.path, progress)
+                sources = _fetch_all(dataset, candidate, stage.path, progress, on_file)
             except SourceError as exc:
                 if source is not None:
                     raise
