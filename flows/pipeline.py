@@ -64,6 +64,16 @@ def _hide_user_error_tracebacks() -> None:
             handler.addFilter(_UserErrorsWithoutTracebacks())
 
 
+DEFAULT_HOME = "~/.shardflow"
+
+
+def resolve_home(home: str | None) -> str:
+    """The flow's ``home`` parameter, else $SHARDFLOW_HOME of the process running the flow
+    (a deployment's worker), else ~/.shardflow."""
+    chosen = home or os.environ.get("SHARDFLOW_HOME") or DEFAULT_HOME
+    return str(Path(chosen).expanduser().resolve())
+
+
 def _catalog(home: str) -> Catalog:
     return Catalog(Path(home) / "catalog", index_url=os.environ.get("SHARDFLOW_CATALOG_URL"))
 
@@ -97,9 +107,10 @@ def ingest_task(home: str, dataset: str, source: str | None, artifact: UUID) -> 
 
 
 @flow(name="shardflow-ingest")
-def ingest_flow(dataset: str, home: str, source: str | None = None) -> dict[str, Any]:
+def ingest_flow(dataset: str, home: str | None = None, source: str | None = None) -> dict[str, Any]:
     """Fetch and check the raw files of ``dataset`` into a raw catalog version."""
     _hide_user_error_tracebacks()
+    home = resolve_home(home)
     artifact = create_progress_artifact(
         progress=0.0, key=_key(dataset, "ingest-progress"), description=f"fetching {dataset}"
     )
@@ -146,10 +157,11 @@ def _dask_runner(cluster: ClusterConfig) -> DaskTaskRunner:
 
 @flow(name="shardflow-preprocess", task_runner=_dask_runner(ClusterConfig()))
 def preprocess_flow(
-    dataset: str, home: str, workers: int = 2, scheduler: str | None = None
+    dataset: str, home: str | None = None, workers: int = 2, scheduler: str | None = None
 ) -> dict[str, Any]:
     """The latest raw version → Parquet shards, one Dask task run per shard."""
     _hide_user_error_tracebacks()
+    home = resolve_home(home)
     logger = get_run_logger()
     catalog = _catalog(home)
     job = plan_job(catalog, dataset, PlanConfig())
@@ -260,7 +272,7 @@ def train_task(home: str, dataset: str, options: dict[str, Any]) -> dict[str, An
 @flow(name="shardflow-train")
 def train_flow(
     dataset: str,
-    home: str,
+    home: str | None = None,
     num_ranks: int = 2,
     epochs: int = 3,
     batch_size: int = 32,
@@ -275,6 +287,7 @@ def train_flow(
 ) -> dict[str, Any]:
     """Train on the latest processed version with horovodrun; commit the model."""
     _hide_user_error_tracebacks()
+    home = resolve_home(home)
     options = {
         "num_ranks": num_ranks,
         "epochs": epochs,
@@ -317,13 +330,35 @@ def train_flow(
     return result
 
 
+# --- catalog -------------------------------------------------------------------------------
+
+
+@flow(name="shardflow-catalog-verify")
+def catalog_verify_flow(home: str | None = None) -> dict[str, Any]:
+    """Recompute every file digest of the catalog; fails naming each damaged file."""
+    _hide_user_error_tracebacks()
+    catalog = _catalog(resolve_home(home))
+    problems = catalog.verify()
+    versions = sum(len(catalog.versions(name)) for name in catalog.names())
+    create_markdown_artifact(
+        key="catalog-verify",
+        markdown=f"## catalog verify\n\n{versions} versions checked, {len(problems)} problems\n"
+        + "".join(f"- `{p.path}`: {p.reason}\n" for p in problems),
+    )
+    if problems:
+        raise ShardflowError(
+            f"{len(problems)} damaged files, e.g. {problems[0].path}: {problems[0].reason}"
+        )
+    return {"ok": True, "versions": versions}
+
+
 # --- pipeline ------------------------------------------------------------------------------
 
 
 @flow(name="shardflow-pipeline")
 def pipeline(
     dataset: str,
-    home: str,
+    home: str | None = None,
     source: str | None = None,
     workers: int = 2,
     scheduler: str | None = None,
@@ -341,6 +376,7 @@ def pipeline(
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a flow run of its own under this one."""
     _hide_user_error_tracebacks()
+    home = resolve_home(home)
     raw = ingest_flow(dataset=dataset, home=home, source=source)
     processed = run_preprocess_flow(dataset, home, workers, scheduler)
     trained = train_flow(

@@ -1,0 +1,240 @@
+"""The flows against a real Prefect server: runs, task runs, artifacts, schedules, the UI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Result
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "prefect-flow-run.png"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`shardflow server` on a free loopback port; yields its base URL."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        # Schedule runs every few seconds so that a test need not wait a minute.
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
+    }
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [str(BIN / "shardflow"), "server", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("Prefect server did not start:\n" + (home / "server.log").read_text())
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def api(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    response = httpx.post(f"{url}/api{path}", json=body or {}, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
+    prefect_server: str,
+    shardflow: Callable[..., Result],
+    fashion_subset: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("PREFECT_API_URL", f"{prefect_server}/api")
+    run = shardflow(
+        "run",
+        "fashion-mnist",
+        "--source",
+        str(fashion_subset),
+        "--np",
+        "2",
+        "--epochs",
+        "2",
+        "--json",
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    flow_run_id = run.json["flow_run_id"]
+
+    flows = {f["id"]: f["name"] for f in api(prefect_server, "/flows/filter")}
+    runs = api(prefect_server, "/flow_runs/filter")
+    by_flow = {flows[r["flow_id"]]: r for r in runs}
+    assert set(by_flow) == {
+        "shardflow-pipeline",
+        "shardflow-ingest",
+        "shardflow-preprocess",
+        "shardflow-train",
+    }
+    assert {r["state_type"] for r in runs} == {"COMPLETED"}
+    assert by_flow["shardflow-pipeline"]["id"] == flow_run_id
+
+    task_runs = api(prefect_server, "/task_runs/filter")
+    names = {t["name"] for t in task_runs}
+    # One task run per shard: 2,000 training rows make one shard, 1,000 test rows another.
+    assert {"write-train-00000", "write-test-00000"} <= names
+    assert {t["state_type"] for t in task_runs} == {"COMPLETED"}
+
+    artifacts = api(prefect_server, "/artifacts/filter")
+    kinds = {a["type"] for a in artifacts}
+    assert {"progress", "table", "markdown"} <= kinds
+    progress = [a for a in artifacts if a["key"] == "fashion-mnist-preprocess-progress"]
+    assert progress and progress[0]["data"] == 100.0
+
+    # The UI's page of this flow run, rendered by headless Chromium: the rendered DOM names
+    # the run and its flow, and the screenshot is a picture of it.
+    chromium = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1440,1000",
+        "--virtual-time-budget=30000",
+    ]
+    page = f"{prefect_server}/runs/flow-run/{flow_run_id}"
+    dom = subprocess.run(
+        [*chromium, "--dump-dom", page],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert by_flow["shardflow-pipeline"]["name"] in dom
+    assert "shardflow-pipeline" in dom
+    assert "Can't connect to Server API" not in dom
+    screenshot = tmp_path / "flow-run.png"
+    subprocess.run(
+        [*chromium, f"--screenshot={screenshot}", page],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The table artifact of the preprocess run: one row per Parquet shard.
+    shards_table = next(a for a in artifacts if a["key"] == "fashion-mnist-shards")
+    artifacts_page = f"{prefect_server}/artifacts/artifact/{shards_table['id']}"
+    dom = subprocess.run(
+        [*chromium, "--dump-dom", artifacts_page],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert "fashion-mnist-shards" in dom
+    assert "train/part-00000.parquet" in dom
+    artifacts_shot = tmp_path / "artifacts.png"
+    subprocess.run(
+        [*chromium, f"--screenshot={artifacts_shot}", artifacts_page],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert artifacts_shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if os.environ.get("SHARDFLOW_UPDATE_DOCS"):
+        shutil.copy(screenshot, DOCS_SCREENSHOT)
+        shutil.copy(artifacts_shot, DOCS_SCREENSHOT.with_name("prefect-artifacts.png"))
+
+
+def test_deployment_runs_on_its_schedule_under_a_worker(
+    prefect_server: str,
+    shardflow: Callable[..., Result],
+    monkeypatch: pytest.MonkeyPatch,
+    shardflow_home: Path,
+) -> None:
+    monkeypatch.setenv("PREFECT_API_URL", f"{prefect_server}/api")
+    deployed = shardflow("deploy", "--json")
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    assert "shardflow-catalog-verify/nightly" in deployed.json["deployments"]
+    subprocess.run(
+        [
+            str(BIN / "prefect"),
+            "--no-prompt",
+            "deployment",
+            "schedule",
+            "create",
+            "shardflow-catalog-verify/nightly",
+            "--interval",
+            "10",
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ},
+        timeout=60,
+    )
+    deployment = next(
+        d
+        for d in api(prefect_server, "/deployments/filter")
+        if d["name"] == "nightly" and d["entrypoint"].endswith(":catalog_verify_flow")
+    )
+    worker = subprocess.Popen(
+        [str(BIN / "prefect"), "worker", "start", "--pool", "shardflow-process"],
+        env={**os.environ, "SHARDFLOW_HOME": str(shardflow_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        completed: list[dict[str, Any]] = []
+        while not completed and time.monotonic() < deadline:
+            time.sleep(5)
+            runs = api(
+                prefect_server,
+                "/flow_runs/filter",
+                {"flow_runs": {"deployment_id": {"any_": [deployment["id"]]}}},
+            )
+            failed = [r for r in runs if r["state_type"] in ("FAILED", "CRASHED")]
+            assert not failed, failed[0]["state"]
+            completed = [r for r in runs if r["state_type"] == "COMPLETED"]
+        assert completed, "no scheduled run of the deployment completed within 180 s"
+        assert completed[0]["auto_scheduled"] is True
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
