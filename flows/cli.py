@@ -47,6 +47,11 @@ class Context:
     def runs_dir(self) -> Path:
         return self.home / "runs"
 
+    @property
+    def work_dir(self) -> Path:
+        """Downloads and shards of unfinished work, kept so that a rerun resumes."""
+        return self.home / "work"
+
     def catalog(self) -> Any:
         from data_catalog import Catalog
 
@@ -74,7 +79,13 @@ def emit(ctx: Context, result: dict[str, Any], human: Sequence[str]) -> None:
 def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
-    result = stages.ingest(ctx.catalog(), args.dataset, source=args.source, progress=ctx.progress)
+    result = stages.ingest(
+        ctx.catalog(),
+        args.dataset,
+        source=args.source,
+        progress=ctx.progress,
+        work_dir=ctx.work_dir,
+    )
     emit(
         ctx,
         result,
@@ -94,6 +105,7 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
         args.dataset,
         workers=args.workers,
         scheduler=args.scheduler,
+        work_dir=ctx.work_dir,
         progress=ctx.progress,
     )
     emit(

@@ -33,7 +33,7 @@ from prefect_dask import DaskTaskRunner
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
 from flows import stages
-from preprocessing.images import ClusterConfig, commit_job, plan_job, write_shard
+from preprocessing.images import ClusterConfig, commit_job, job_dir, plan_job, write_shard
 from preprocessing.plan import PlanConfig, Shard
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
@@ -102,7 +102,12 @@ def ingest_task(home: str, dataset: str, source: str | None, artifact: UUID) -> 
         )
 
     return stages.ingest(
-        _catalog(home), dataset, source=source, progress=logger.info, on_file=on_file
+        _catalog(home),
+        dataset,
+        source=source,
+        progress=logger.info,
+        on_file=on_file,
+        work_dir=Path(home) / "work",
     )
 
 
@@ -180,13 +185,16 @@ def preprocess_flow(
         description=f"0/{len(shards)} shards, 0/{job.rows:,} rows",
     )
     written: list[dict[str, Any]] = []
+    # Shards go to the job's own folder: a rerun after a crash keeps the finished ones.
+    shards_dir = job_dir(Path(home) / "work", job)
+    shards_dir.mkdir(parents=True, exist_ok=True)
     with catalog.stage(job.name, kind="processed") as stage:
         # A bounded window of shards in flight, so that memory does not grow with their number.
         size = 2 * max(workers, 1)
         for window in (shards[i : i + size] for i in range(0, len(shards), size)):
             futures = [
                 write_shard_task.submit(
-                    job.images[s.split], job.labels[s.split], s, str(stage.path)
+                    job.images[s.split], job.labels[s.split], s, str(shards_dir)
                 )
                 for s in window
             ]
@@ -202,7 +210,7 @@ def preprocess_flow(
                         f"{nbytes:,} bytes"
                     ),
                 )
-        manifest = commit_job(job, stage, sorted(written, key=lambda r: str(r["path"])))
+        manifest = commit_job(job, stage, sorted(written, key=lambda r: str(r["path"])), shards_dir)
     create_table_artifact(
         key=_key(dataset, "shards"),
         table=[

@@ -70,16 +70,32 @@ def ingest(
     *,
     source: str | None,
     progress: Progress,
+    work_dir: Path,
     on_file: Callable[[dict[str, Any]], None] = lambda _file: None,
 ) -> dict[str, Any]:
-    manifest = mnist.ingest(catalog, dataset, source=source, progress=progress, on_file=on_file)
+    manifest = mnist.ingest(
+        catalog,
+        dataset,
+        source=source,
+        progress=progress,
+        on_file=on_file,
+        download_cache=work_dir / "downloads",
+    )
     return ingest_result(dataset, manifest)
 
 
 def preprocess(
-    catalog: Catalog, dataset: str, *, workers: int, scheduler: str | None, progress: Progress
+    catalog: Catalog,
+    dataset: str,
+    *,
+    workers: int,
+    scheduler: str | None,
+    progress: Progress,
+    work_dir: Path,
 ) -> dict[str, Any]:
-    config = PreprocessConfig(cluster=ClusterConfig(workers=workers, scheduler=scheduler))
+    config = PreprocessConfig(
+        cluster=ClusterConfig(workers=workers, scheduler=scheduler, work_dir=work_dir)
+    )
     manifest = preprocess_images(catalog, dataset, config=config, progress=progress)
     return preprocess_result(dataset, manifest)
 

@@ -13,6 +13,7 @@ processed version "<dataset>-processed" (parent: the raw version)
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,9 @@ class ClusterConfig:
     catalog's directory at the same path."""
     memory_limit: str = "2GiB"
     """Per-worker memory limit of the LocalCluster."""
+    work_dir: Path | None = None
+    """Where shards are written before the commit, one folder per job: a rerun of an
+    interrupted job keeps its finished shards. None writes straight into catalog staging."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -67,8 +71,24 @@ def processed_name(dataset: str) -> str:
     return f"{dataset}-processed"
 
 
+def finished_shard(shard: Shard, out_dir: str) -> dict[str, Any] | None:
+    """The result of a shard an earlier, interrupted run already wrote whole, if any."""
+    path = Path(out_dir) / shard.path
+    try:
+        metadata = pq.read_metadata(path)
+    except (OSError, pa.ArrowInvalid):
+        return None
+    if metadata.num_rows != shard.rows or metadata.num_row_groups != shard.num_row_groups:
+        return None
+    return {"path": shard.path, "rows": shard.rows, "bytes": path.stat().st_size, "reused": True}
+
+
 def write_shard(images: str, labels: str, shard: Shard, out_dir: str) -> dict[str, Any]:
-    """Dask task: write one shard's rows as Parquet with row groups of equal size."""
+    """Dask task: write one shard's rows as Parquet with row groups of equal size, unless a
+    run of the same job already wrote it whole."""
+    finished = finished_shard(shard, out_dir)
+    if finished is not None:
+        return finished
     pixels = idx.read_records(images, shard.start, shard.rows)
     targets = idx.read_records(labels, shard.start, shard.rows)
     flat = pixels.reshape(shard.rows, -1)
@@ -88,7 +108,9 @@ def write_shard(images: str, labels: str, shard: Shard, out_dir: str) -> dict[st
     )
     path = Path(out_dir) / shard.path
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, row_group_size=shard.rows_per_group)
+    partial = path.with_name(path.name + ".partial")
+    pq.write_table(table, partial, row_group_size=shard.rows_per_group)
+    os.replace(partial, path)  # a shard is whole or absent
     return {"path": shard.path, "rows": shard.rows, "bytes": path.stat().st_size}
 
 
@@ -187,14 +209,26 @@ def plan_job(catalog: Catalog, dataset: str, plan: PlanConfig) -> ImageJob:
     )
 
 
-def commit_job(job: ImageJob, stage: Staging, written: list[dict[str, Any]]) -> Manifest:
-    """Commit the shards written into ``stage`` as the job's processed version."""
+def job_dir(work_dir: Path, job: ImageJob) -> Path:
+    """The folder of ``job``'s shards before the commit (same job, same folder)."""
+    return work_dir / f"{job.name}-{job.version}"
+
+
+def commit_job(
+    job: ImageJob, stage: Staging, written: list[dict[str, Any]], shards_dir: Path
+) -> Manifest:
+    """Commit the shards written into ``shards_dir`` as the job's processed version."""
     expected = {shard.path for shard in job.shards}
     missing = expected - {str(r["path"]) for r in written}
     if missing:
         raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
+    if shards_dir != stage.path:
+        for shard_path in sorted(expected):
+            target = stage.path / shard_path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(shards_dir / shard_path, target)  # same filesystem: no copy
     raw = job.raw
-    return stage.commit(
+    manifest = stage.commit(
         parents=job.parents,
         parameters=job.parameters,
         schema={
@@ -220,6 +254,9 @@ def commit_job(job: ImageJob, stage: Staging, written: list[dict[str, Any]]) -> 
         },
         rows=sum(int(r["rows"]) for r in written),
     )
+    if shards_dir != stage.path:
+        shutil.rmtree(shards_dir, ignore_errors=True)
+    return manifest
 
 
 def run_shards(
@@ -288,5 +325,11 @@ def preprocess(
         catalog.stage(job.name, kind="processed") as stage,
         dask_client(config.cluster, progress) as client,
     ):
-        written = run_shards(client, job, stage.path, progress)
-        return commit_job(job, stage, written)
+        work = config.cluster.work_dir
+        shards_dir = job_dir(work, job) if work is not None else stage.path
+        shards_dir.mkdir(parents=True, exist_ok=True)
+        written = run_shards(client, job, shards_dir, progress)
+        reused = sum(1 for r in written if r.get("reused"))
+        if reused:
+            progress(f"preprocess: {reused} shards kept from an interrupted run")
+        return commit_job(job, stage, written, shards_dir)

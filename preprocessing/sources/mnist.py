@@ -128,11 +128,14 @@ def _locate(fs: fsspec.AbstractFileSystem, base: str, stem: str) -> str | None:
     """The URL of ``stem`` under ``base``: the ``.gz`` file if present, else the raw one."""
     for candidate in (_join(base, stem) + ".gz", _join(base, stem)):
         try:
-            if fs.exists(candidate):
-                return candidate
+            # info, not exists: over HTTP fsspec's exists is a GET of the whole file, info a HEAD.
+            fs.info(candidate)
+        except FileNotFoundError:
+            continue
         except OSError:
             # An HTTP server may answer a HEAD for a missing file with an error, not a 404.
             continue
+        return candidate
     return None
 
 
@@ -155,6 +158,61 @@ def _copy(
                 raise SourceError(f"cannot fetch {url}: {exc}") from exc
             time.sleep(2**attempt)
     raise AssertionError("unreachable")
+
+
+def _cache_key(fs: fsspec.AbstractFileSystem, url: str) -> str:
+    """Names one state of a remote file: its URL, size and modification stamp (or ETag)."""
+    try:
+        info = fs.info(url)
+    except (OSError, ValueError):
+        info = {}
+    stamp = [
+        url,
+        info.get("size"),
+        info.get("mtime"),
+        info.get("ETag"),
+        info.get("etag"),
+        info.get("LastModified"),
+        info.get("Last-Modified"),
+    ]
+    return hashlib.sha256(repr(stamp).encode()).hexdigest()[:32]
+
+
+def _fetch(
+    fs: fsspec.AbstractFileSystem, url: str, dest: Path, cache: Path | None, progress: Progress
+) -> tuple[str, int]:
+    """Fetch ``url`` to ``dest`` through the download cache: a file fetched whole before (by a
+    run that then crashed, say) is not fetched again while the source is unchanged."""
+    if cache is None:
+        return _copy(fs, url, dest)
+    cache.mkdir(parents=True, exist_ok=True)
+    key = _cache_key(fs, url)
+    cached, recorded = cache / key, cache / f"{key}.sha256"
+    if cached.exists() and recorded.exists():
+        digest = hashlib.sha256()
+        with open(cached, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        if digest.hexdigest() == recorded.read_text().strip():
+            os.link(cached, dest)
+            progress(f"reused {url} from the download cache")
+            return digest.hexdigest(), cached.stat().st_size
+    partial = cache / f"{key}.part"
+    sha256, size = _copy(fs, url, partial)
+    os.replace(partial, cached)  # whole or absent: a crash leaves at most a .part file
+    recorded.write_text(sha256 + "\n")
+    os.link(cached, dest)
+    return sha256, size
+
+
+def _forget(fs: fsspec.AbstractFileSystem, urls: list[str], cache: Path | None) -> None:
+    """Drop cache entries once their version is committed: the catalog holds the bytes."""
+    if cache is None:
+        return
+    for url in urls:
+        key = _cache_key(fs, url)
+        for path in (cache / key, cache / f"{key}.sha256"):
+            path.unlink(missing_ok=True)
 
 
 def _md5(path: Path, *, decompressed: bool) -> str:
@@ -180,7 +238,12 @@ def _resolve(source: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 def _fetch_all(
-    dataset: ImageSet, source: str, dest: Path, progress: Progress, on_file: FileDone
+    dataset: ImageSet,
+    source: str,
+    dest: Path,
+    progress: Progress,
+    on_file: FileDone,
+    cache: Path | None,
 ) -> list[dict[str, Any]]:
     fs, base = _resolve(source)
     located: list[tuple[str, str]] = []
@@ -198,11 +261,18 @@ def _fetch_all(
     sources = []
     for stem, url in located:
         name = url.rsplit("/", 1)[-1]
-        digest, size = _copy(fs, url, dest / name)
+        digest, size = _fetch(fs, url, dest / name, cache, progress)
         progress(f"fetched {url} ({size:,} bytes)")
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         uri = url if protocol != "file" else "file://" + url
-        fetched = {"uri": uri, "file": name, "sha256": digest, "bytes": size, "stem": stem}
+        fetched = {
+            "uri": uri,
+            "file": name,
+            "sha256": digest,
+            "bytes": size,
+            "stem": stem,
+            "url": url,
+        }
         sources.append(fetched)
         on_file(fetched)
     return sources
@@ -215,11 +285,14 @@ def ingest(
     source: str | None = None,
     progress: Progress = lambda _msg: None,
     on_file: FileDone = lambda _file: None,
+    download_cache: Path | None = None,
 ) -> Manifest:
     """Fetch the four IDX files of ``dataset_name`` into a new raw catalog version.
 
     A source that yields exactly the bytes of an existing version gives that version back and
-    writes nothing.
+    writes nothing. With ``download_cache``, files fetched whole by an earlier, interrupted
+    run are taken from there instead of the source (it must be on the catalog's filesystem:
+    files are hard-linked into the version).
     """
     dataset = image_set(dataset_name)
     candidates: Sequence[str]
@@ -231,14 +304,19 @@ def ingest(
     for candidate in candidates:
         with catalog.stage(dataset.name, kind="raw") as stage:
             try:
-                sources = _fetch_all(dataset, candidate, stage.path, progress, on_file)
+                sources = _fetch_all(
+                    dataset, candidate, stage.path, progress, on_file, download_cache
+                )
             except SourceError as exc:
                 if source is not None:
                     raise
                 errors.append(str(exc))
                 continue
             canonical = source is None
-            return _commit(stage, dataset, sources, canonical=canonical, progress=progress)
+            manifest = _commit(stage, dataset, sources, canonical=canonical, progress=progress)
+            fs, _ = _resolve(candidate)
+            _forget(fs, [s["url"] for s in sources], download_cache)
+            return manifest
     raise SourceError(
         f"no default source of {dataset.name} could be read ({'; '.join(errors)}); "
         "pass --source DIR_OR_URL"
@@ -283,7 +361,7 @@ def _commit(
         s["file"]: (train.count if s["stem"].startswith("train") else test.count) for s in sources
     }
     manifest: Manifest = stage.commit(
-        sources=[{k: v for k, v in s.items() if k != "stem"} for s in sources],
+        sources=[{k: v for k, v in s.items() if k not in ("stem", "url")} for s in sources],
         parameters={},
         schema={
             "format": "idx",

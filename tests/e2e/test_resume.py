@@ -1,0 +1,115 @@
+"""A flow killed mid-ingest and rerun: finished downloads are not fetched again."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Result
+
+pytestmark = pytest.mark.e2e
+
+SLOW_FILE = "/t10k-images-idx3-ubyte.gz"
+
+
+class CountingHandler(http.server.SimpleHTTPRequestHandler):
+    """Counts GETs per path; serves SLOW_FILE slowly while ``slow`` is set."""
+
+    gets: Counter[str]
+    slow: threading.Event
+
+    def do_GET(self) -> None:
+        self.gets[self.path] += 1
+        super().do_GET()
+
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        if self.path != SLOW_FILE or not self.slow.is_set():
+            super().copyfile(source, outputfile)
+            return
+        while chunk := source.read(4096):
+            outputfile.write(chunk)
+            time.sleep(0.1)  # about a minute for the file: time to kill the run
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def slow_server(fashion_subset: Path) -> Iterator[tuple[str, Counter[str], threading.Event]]:
+    gets: Counter[str] = Counter()
+    slow = threading.Event()
+    handler = type("Handler", (CountingHandler,), {"gets": gets, "slow": slow})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(handler, directory=str(fashion_subset))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", gets, slow
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_killed_flow_resumes_without_refetching(
+    slow_server: tuple[str, Counter[str], threading.Event],
+    shardflow: Callable[..., Result],
+    shardflow_home: Path,
+    tmp_path: Path,
+) -> None:
+    url, gets, slow = slow_server
+    slow.set()
+    command = ["run", "fashion-mnist", "--source", url, "--np", "2", "--epochs", "1"]
+    env = {
+        **os.environ,
+        "SHARDFLOW_HOME": str(shardflow_home),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+    }
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "shardflow"), *command, "--verbose"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "fetched" in line and "train-labels-idx1-ubyte.gz" in line:
+            break
+    else:
+        pytest.fail("the flow never fetched the training labels:\n" + "".join(seen[-20:]))
+    deadline = time.monotonic() + 60
+    while gets[SLOW_FILE] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the flow process and its temporary Prefect server
+    proc.wait(timeout=30)
+    assert gets["/train-images-idx3-ubyte.gz"] == 1
+    assert gets[SLOW_FILE] == 1
+    listed = shardflow("catalog", "list", "--json").json["datasets"]
+    assert listed == []  # nothing half-made is visible
+
+    slow.clear()
+    rerun = shardflow(*command, "--json")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.json["rows"] == 3_000
+    # The two files fetched whole before the kill came from the download cache.
+    assert gets["/train-images-idx3-ubyte.gz"] == 1
+    assert gets["/train-labels-idx1-ubyte.gz"] == 1
+    assert gets[SLOW_FILE] == 2
+    assert gets["/t10k-labels-idx1-ubyte.gz"] == 1
+    assert shardflow("catalog", "verify", "--json").json["ok"] is True
+    assert not list((shardflow_home / "work" / "downloads").glob("*.sha256"))
