@@ -333,6 +333,8 @@ def train_flow(
             f"- allreduce payload per rank per epoch: {result['allreduce_bytes_per_epoch']:,} "
             f"bytes\n"
             f"- trained on `{result['dataset_version']}`; run directory `{result['run_dir']}`\n"
+            f"- training curves: `{result['run_dir']}/curves.png`, TensorBoard logs: "
+            f"`tensorboard --logdir {result['run_dir']}/tensorboard`\n"
         ),
     )
     return result

@@ -179,6 +179,7 @@ def train(
     with catalog.stage(name, kind="model") as stage:
         shutil.copy2(run_dir / "model.keras", stage.path / "model.keras")
         shutil.copy2(run_dir / "metrics.json", stage.path / "metrics.json")
+        shutil.copy2(run_dir / "curves.png", stage.path / "curves.png")
         manifest = stage.commit(
             parents=parents,
             parameters=parameters,

@@ -78,6 +78,15 @@ def test_run_fashion_subset_as_one_flow(
     assert raw["name"] == "fashion-mnist"
     assert {Path(s["uri"]).name for s in raw["sources"]} >= {"train-images-idx3-ubyte.gz"}
 
+    model = ok(shardflow("catalog", "show", f"fashion-mnist-cnn@{run['version']}", "--json")).json
+    assert sorted(Path(f["path"]).name for f in model["files"]) == [
+        "curves.png",
+        "metrics.json",
+        "model.keras",
+    ]
+    curves = next(Path(f["path"]) for f in model["files"] if f["path"].endswith(".png"))
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
     assert ok(shardflow("catalog", "verify", "--json")).json["ok"] is True
     listed = ok(shardflow("catalog", "list", "--json")).json["datasets"]
     assert {d["name"]: d["kind"] for d in listed} == {
