@@ -264,6 +264,21 @@ def cmd_bench(ctx: Context, args: argparse.Namespace) -> int:
     from training import bench
 
     catalog = ctx.catalog()
+    if args.benchmark == "aggregation":
+        result = bench.bench_aggregation(
+            catalog,
+            args.dataset,
+            runs_dir=ctx.runs_dir,
+            epochs=args.epochs,
+            progress=ctx.progress,
+        )
+        lines = ["ranks  passes/step  allreduce MB/epoch  test accuracy"] + [
+            f"{r['num_ranks']:5}  {r['backward_passes_per_step']:11}  "
+            f"{r['allreduce_bytes_per_epoch'] / 1e6:18.1f}  {r['test_accuracy']:13.4f}"
+            for r in result["rows"]
+        ]
+        emit(ctx, result, lines)
+        return 0
     if args.benchmark == "reader":
         result = bench.bench_reader(
             catalog,
@@ -554,13 +569,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks: ratios measured side by side in one run")
     bench.add_argument(
         "benchmark",
-        choices=("reader", "scaling"),
+        choices=("reader", "scaling", "aggregation"),
         help="reader: streaming ÷ in-memory epoch time; "
-        "scaling: samples/s on 2 ranks ÷ 1 rank, one thread per rank",
+        "scaling: samples/s on 2 ranks ÷ 1 rank, one thread per rank; "
+        "aggregation: ranks x backward passes per step -> allreduce bytes, test accuracy",
     )
     _add_dataset(bench)
     bench.add_argument("--steps", type=_positive, default=300, help="steps timed per run")
     bench.add_argument("--batch-size", type=_positive, default=32, help="per rank (default: 32)")
+    bench.add_argument(
+        "--epochs", type=_positive, default=3, help="aggregation: epochs per run (default: 3)"
+    )
     _add_common(bench)
     bench.set_defaults(handler=cmd_bench)
 

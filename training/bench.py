@@ -158,3 +158,40 @@ def bench_scaling(
         "batch_size": batch_size,
         "threads_per_rank": 1,
     }
+
+
+def bench_aggregation(
+    catalog: Catalog,
+    dataset: str,
+    *,
+    runs_dir: Path,
+    epochs: int = 3,
+    ranks: tuple[int, ...] = (1, 2),
+    passes: tuple[int, ...] = (1, 2, 4),
+    progress: Progress = lambda _msg: None,
+) -> dict[str, Any]:
+    """The seed project's experiment: ranks x backward passes per step -> allreduce bytes per
+    epoch and test accuracy. Every cell is a real training run, committed as a model version."""
+    from training.launcher import train
+
+    rows = []
+    for num_ranks in ranks:
+        for k in passes:
+            progress(f"bench aggregation: {num_ranks} ranks, {k} backward passes per step")
+            manifest, metrics = train(
+                catalog,
+                dataset,
+                config=TrainConfig(num_ranks=num_ranks, epochs=epochs, backward_passes_per_step=k),
+                runs_dir=runs_dir,
+                progress=progress,
+            )
+            rows.append(
+                {
+                    "num_ranks": num_ranks,
+                    "backward_passes_per_step": k,
+                    "allreduce_bytes_per_epoch": metrics["allreduce_bytes_per_epoch"],
+                    "test_accuracy": metrics["test_accuracy"],
+                    "model_version": manifest.version,
+                }
+            )
+    return {"benchmark": "aggregation", "dataset": dataset, "epochs": epochs, "rows": rows}
