@@ -96,6 +96,21 @@ def horovodrun() -> str:
     return found
 
 
+def row_groups_by_rank(processed: Manifest, num_ranks: int) -> dict[str, list[str]]:
+    """Which training row groups each rank reads, every epoch, as "file#row_group".
+
+    petastorm numbers the row groups of the dataset's files in path order and gives group i to
+    shard i % num_ranks; its row-group shuffle reorders a rank's groups, never the set.
+    """
+    groups = [
+        f"{entry.path}#{index}"
+        for entry in sorted(processed.files, key=lambda e: e.path)
+        if entry.path.startswith("train/")
+        for index in range(entry.row_groups or 0)
+    ]
+    return {str(rank): groups[rank::num_ranks] for rank in range(num_ranks)}
+
+
 def _split_dir(catalog: Catalog, manifest: Manifest, split: str) -> Path:
     return catalog.version_dir(manifest.name, manifest.version) / split
 
@@ -191,7 +206,13 @@ def train(
             },
             statistics=metrics,
             rows=layout.rows_of_rank(0, 1),
-            extra={"run_dir": str(run_dir)},
+            extra={
+                "run_dir": str(run_dir),
+                # The same set every epoch (order shuffled per epoch from the seed); each rank
+                # takes steps_per_epoch batches of it per epoch.
+                "row_groups_by_rank": row_groups_by_rank(processed, config.num_ranks),
+                "steps_per_epoch": steps,
+            },
         )
     return manifest, metrics
 
