@@ -106,6 +106,7 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
         workers=args.workers,
         scheduler=args.scheduler,
         work_dir=ctx.work_dir,
+        rank_multiple=args.rank_multiple,
         progress=ctx.progress,
     )
     emit(
@@ -147,6 +148,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         source=args.source,
         workers=args.workers,
         scheduler=args.scheduler,
+        rank_multiple=args.rank_multiple,
         **_train_options(args),
     )
     emit(ctx, result, _train_summary(result))
@@ -468,6 +470,14 @@ def _add_ingest_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_preprocess_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rank-multiple",
+        type=_positive,
+        default=8,
+        metavar="M",
+        help="training row groups are equal and their count a multiple of M, so that M ranks "
+        "(and its divisors) get equal rows; rows beyond are dropped and counted (default: 8)",
+    )
     parser.add_argument(
         "--workers",
         type=_positive,

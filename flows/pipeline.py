@@ -162,14 +162,18 @@ def _dask_runner(cluster: ClusterConfig) -> DaskTaskRunner:
 
 @flow(name="shardflow-preprocess", task_runner=_dask_runner(ClusterConfig()))
 def preprocess_flow(
-    dataset: str, home: str | None = None, workers: int = 2, scheduler: str | None = None
+    dataset: str,
+    home: str | None = None,
+    workers: int = 2,
+    scheduler: str | None = None,
+    rank_multiple: int = 8,
 ) -> dict[str, Any]:
     """The latest raw version → Parquet shards, one Dask task run per shard."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
     logger = get_run_logger()
     catalog = _catalog(home)
-    job = plan_job(catalog, dataset, PlanConfig())
+    job = plan_job(catalog, dataset, PlanConfig(rank_multiple=rank_multiple))
     if catalog.exists(job.name, job.version):
         logger.info("%s@%s already in the catalog; nothing to do", job.name, job.version)
         return stages.preprocess_result(dataset, catalog.get(job.name, job.version))
@@ -250,13 +254,17 @@ def _share_api_with_dask_workers() -> None:
 
 
 def run_preprocess_flow(
-    dataset: str, home: str, workers: int, scheduler: str | None
+    dataset: str, home: str, workers: int, scheduler: str | None, rank_multiple: int
 ) -> dict[str, Any]:
     """The preprocess flow on a Dask cluster of the asked shape."""
     _share_api_with_dask_workers()
     runner = _dask_runner(ClusterConfig(workers=workers, scheduler=scheduler))
     result: dict[str, Any] = preprocess_flow.with_options(task_runner=runner)(
-        dataset=dataset, home=home, workers=workers, scheduler=scheduler
+        dataset=dataset,
+        home=home,
+        workers=workers,
+        scheduler=scheduler,
+        rank_multiple=rank_multiple,
     )
     return result
 
@@ -372,6 +380,7 @@ def pipeline(
     source: str | None = None,
     workers: int = 2,
     scheduler: str | None = None,
+    rank_multiple: int = 8,
     num_ranks: int = 2,
     epochs: int = 3,
     batch_size: int = 32,
@@ -388,7 +397,7 @@ def pipeline(
     _hide_user_error_tracebacks()
     home = resolve_home(home)
     raw = ingest_flow(dataset=dataset, home=home, source=source)
-    processed = run_preprocess_flow(dataset, home, workers, scheduler)
+    processed = run_preprocess_flow(dataset, home, workers, scheduler, rank_multiple)
     trained = train_flow(
         dataset=dataset,
         home=home,

@@ -13,6 +13,7 @@ from typing import Any
 from data_catalog import Catalog, Manifest
 from preprocessing.images import ClusterConfig, PreprocessConfig
 from preprocessing.images import preprocess as preprocess_images
+from preprocessing.plan import PlanConfig
 from preprocessing.sources import mnist
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
@@ -51,6 +52,7 @@ def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> d
         "dataset_version": str(manifest.parents[0]),
         "num_ranks": metrics["num_ranks"],
         "epochs": metrics["epochs"],
+        "steps_per_epoch": metrics["steps_per_epoch"],
         "test_accuracy": metrics["test_accuracy"],
         "test_rows": metrics["test_rows"],
         "train_seconds": metrics["train_seconds"],
@@ -92,9 +94,11 @@ def preprocess(
     scheduler: str | None,
     progress: Progress,
     work_dir: Path,
+    rank_multiple: int = PlanConfig().rank_multiple,
 ) -> dict[str, Any]:
     config = PreprocessConfig(
-        cluster=ClusterConfig(workers=workers, scheduler=scheduler, work_dir=work_dir)
+        plan=PlanConfig(rank_multiple=rank_multiple),
+        cluster=ClusterConfig(workers=workers, scheduler=scheduler, work_dir=work_dir),
     )
     manifest = preprocess_images(catalog, dataset, config=config, progress=progress)
     return preprocess_result(dataset, manifest)
