@@ -266,6 +266,20 @@ def cmd_bench(ctx: Context, args: argparse.Namespace) -> int:
     from training import bench
 
     catalog = ctx.catalog()
+    if args.benchmark == "preprocess":
+        from preprocessing.bench import bench_preprocess
+
+        result = bench_preprocess(catalog, args.dataset, progress=ctx.progress)
+        emit(
+            ctx,
+            result,
+            [
+                f"rows/s, 2 Dask workers ÷ single-process pyarrow: {result['ratio']:.3f}",
+                "peak RSS per worker: "
+                + ", ".join(f"{b / 2**20:.0f} MiB" for b in result["peak_rss_bytes_per_worker"]),
+            ],
+        )
+        return 0
     if args.benchmark == "aggregation":
         result = bench.bench_aggregation(
             catalog,
@@ -579,8 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks: ratios measured side by side in one run")
     bench.add_argument(
         "benchmark",
-        choices=("reader", "scaling", "aggregation"),
-        help="reader: streaming ÷ in-memory epoch time; "
+        choices=("preprocess", "reader", "scaling", "aggregation"),
+        help="preprocess: rows/s with 2 Dask workers ÷ a single-process baseline; "
+        "reader: streaming ÷ in-memory epoch time; "
         "scaling: samples/s on 2 ranks ÷ 1 rank, one thread per rank; "
         "aggregation: ranks x backward passes per step -> allreduce bytes, test accuracy",
     )
