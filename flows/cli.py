@@ -141,6 +141,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.debug:
         os.environ["SHARDFLOW_DEBUG"] = "1"
     from flows.pipeline import pipeline
+    from training.launcher import TrainConfig
 
     result = pipeline(
         dataset=args.dataset,
@@ -149,7 +150,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         workers=args.workers,
         scheduler=args.scheduler,
         rank_multiple=args.rank_multiple,
-        **_train_options(args),
+        train=TrainConfig(**_train_options(args)),
     )
     emit(ctx, result, _train_summary(result))
     return 0

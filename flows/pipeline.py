@@ -273,12 +273,12 @@ def run_preprocess_flow(
 
 
 @task(name="horovodrun")
-def train_task(home: str, dataset: str, options: dict[str, Any]) -> dict[str, Any]:
+def train_task(home: str, dataset: str, config: TrainConfig) -> dict[str, Any]:
     catalog = _catalog(home)
     manifest, metrics = train_model(
         catalog,
         dataset,
-        config=TrainConfig(**options),
+        config=config,
         runs_dir=Path(home) / "runs",
         progress=get_run_logger().info,
     )
@@ -287,37 +287,12 @@ def train_task(home: str, dataset: str, options: dict[str, Any]) -> dict[str, An
 
 @flow(name="shardflow-train")
 def train_flow(
-    dataset: str,
-    home: str | None = None,
-    num_ranks: int = 2,
-    epochs: int = 3,
-    batch_size: int = 32,
-    model: str = "cnn",
-    learning_rate: float = 0.001,
-    seed: int = 0,
-    hosts: str | None = None,
-    backward_passes_per_step: int = 1,
-    compression: str = "none",
-    resume: bool = False,
-    timeline: bool = False,
+    dataset: str, home: str | None = None, config: TrainConfig | None = None
 ) -> dict[str, Any]:
     """Train on the latest processed version with horovodrun; commit the model."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
-    options = {
-        "num_ranks": num_ranks,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "model": model,
-        "learning_rate": learning_rate,
-        "seed": seed,
-        "hosts": hosts,
-        "backward_passes_per_step": backward_passes_per_step,
-        "compression": compression,
-        "resume": resume,
-        "timeline": timeline,
-    }
-    result = train_task(home, dataset, options)
+    result = train_task(home, dataset, config or TrainConfig())
     history = result["history"]
     create_table_artifact(
         key=_key(result["model_name"], "epochs"),
@@ -381,38 +356,14 @@ def pipeline(
     workers: int = 2,
     scheduler: str | None = None,
     rank_multiple: int = 8,
-    num_ranks: int = 2,
-    epochs: int = 3,
-    batch_size: int = 32,
-    model: str = "cnn",
-    learning_rate: float = 0.001,
-    seed: int = 0,
-    hosts: str | None = None,
-    backward_passes_per_step: int = 1,
-    compression: str = "none",
-    resume: bool = False,
-    timeline: bool = False,
+    train: TrainConfig | None = None,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a flow run of its own under this one."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
     raw = ingest_flow(dataset=dataset, home=home, source=source)
     processed = run_preprocess_flow(dataset, home, workers, scheduler, rank_multiple)
-    trained = train_flow(
-        dataset=dataset,
-        home=home,
-        num_ranks=num_ranks,
-        epochs=epochs,
-        batch_size=batch_size,
-        model=model,
-        learning_rate=learning_rate,
-        seed=seed,
-        hosts=hosts,
-        backward_passes_per_step=backward_passes_per_step,
-        compression=compression,
-        resume=resume,
-        timeline=timeline,
-    )
+    trained = train_flow(dataset=dataset, home=home, config=train)
     return {
         **trained,
         "raw_version": raw["version"],
