@@ -98,7 +98,21 @@ def last_checkpoint(checkpoints: Path) -> tuple[int, Path | None]:
     return int(found[-1].stem.split("-")[1]), found[-1]
 
 
+def pin_to_one_core() -> None:
+    """Bind this rank, and every thread it starts from now on, to one core of its own.
+
+    Capping TensorFlow's op pools is not enough to hold a rank to one core: tf.data and the
+    petastorm reader run pools of their own. Threads inherit the affinity of the thread that
+    creates them, so this runs before TensorFlow or Horovod start any.
+    """
+    local_rank = int(os.environ.get("HOROVOD_LOCAL_RANK", "0"))
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+
+
 def run(config: WorkerConfig) -> None:
+    if config.threads_per_rank == 1:
+        pin_to_one_core()
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
