@@ -3,9 +3,11 @@
 The lowest layer of shardflow; it imports none of the other packages and never Prefect. See
 README.md in this folder for the commit protocol and the on-disk layout.
 
-Local POSIX filesystems only for now. Object storage (fsspec/S3) needs a different commit step:
-there is no atomic directory rename and no ``flock``, so a version would be published by writing
-its manifest last with a conditional put, and the per-dataset lock would move to the index.
+A root is a local POSIX directory (fsync, atomic rename, ``flock``) or the URL of any fsspec
+filesystem (``s3://``, ``gs://``, ``hdfs://``, ``memory://``). Object storage has no atomic
+rename and no ``flock``, so there a version is published by uploading its files and then writing
+its manifest last with one conditional PUT; content-derived version ids make concurrent writers
+of one version harmless. See README.md, "Object storage", and docs/catalog-storage.md.
 """
 
 from data_catalog.catalog import Catalog, Problem, Staging

@@ -11,6 +11,10 @@ Layout under the root::
 
 A version becomes visible in one step, when ``manifest.json`` appears; everything before that
 (staged files, a moved directory without manifest) is invisible and removed by :meth:`Catalog.gc`.
+
+A root given as a URL (``s3://bucket/prefix``, ``gs://...``, ``memory://...``) keeps the same
+``datasets/`` layout on that filesystem through fsspec, and ``staging/`` and ``index.sqlite`` in a
+local cache directory; see :mod:`data_catalog.object_store` and README.md, "Object storage".
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import secrets
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -42,16 +46,22 @@ from data_catalog.errors import CatalogError, NotFound
 from data_catalog.index import Index
 from data_catalog.manifest import FORMAT_VERSION, MANIFEST_NAME, FileEntry, Manifest, ParentRef
 from data_catalog.names import (
+    NAME_PATTERN,
+    VERSION_PATTERN,
     validate_kind,
     validate_name,
     validate_version,
     validate_version_prefix,
 )
+from data_catalog.object_store import ObjectStore, default_cache_dir, is_url, local_path_of
 from data_catalog.staged_files import describe_and_sync, digest, relative_files
 
 log = logging.getLogger(__name__)
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+# A URL catalog's gc leaves a version prefix without manifest alone until its newest object is
+# this old: a live writer may still be uploading into it (there is no lock to ask).
+DEFAULT_GC_MIN_AGE = timedelta(hours=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,22 +69,69 @@ class Problem:
     """One thing ``verify`` found wrong."""
 
     path: str
-    """The absolute path of the bad file, or of the version directory."""
+    """The absolute path (for a URL catalog, the URL) of the bad file or manifest."""
     reason: str
 
 
 class Catalog:
     """Versions under ``root``; the index at ``index_url`` (default ``<root>/index.sqlite``).
 
+    ``root`` is a local path (or ``file://`` URL), or the URL of any fsspec filesystem
+    (``s3://bucket/prefix``, ``gs://``, ``hdfs://``, ``memory://``); ``storage_options`` are
+    passed to that filesystem (credentials, ``client_kwargs={"endpoint_url": ...}``). A URL
+    catalog stages files and keeps its SQLite index in ``cache_dir`` on local disk (default
+    ``$XDG_CACHE_HOME/shardflow/catalogs/<hash of the URL>``).
+
     Nothing is created on disk until the first write.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, index_url: str | None = None) -> None:
-        self.root = Path(root).absolute()
-        self._index = Index(index_url or f"sqlite:///{self.root / 'index.sqlite'}")
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        index_url: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        local_root: str | os.PathLike[str] | None = root
+        if is_url(root):
+            local_root = local_path_of(str(root))
+        self._store: ObjectStore | None = None
+        self._root: Path | None = None
+        if local_root is None:
+            self._store = ObjectStore(str(root), storage_options or {})
+            self.url: str = self._store.url
+            """The root: a URL, or for a local catalog its absolute path."""
+            self._local = (
+                Path(cache_dir).absolute()
+                if cache_dir is not None
+                else default_cache_dir(self._store.url)
+            )
+        else:
+            if storage_options or cache_dir is not None:
+                raise CatalogError(
+                    f"catalog {root} is a local path: storage_options and cache_dir apply only "
+                    "to a URL root such as s3://bucket/prefix"
+                )
+            self._root = Path(local_root).absolute()
+            self._local = self._root
+            self.url = str(self._root)
+        self._index = Index(index_url or f"sqlite:///{self._local / 'index.sqlite'}")
 
     def __repr__(self) -> str:
-        return f"Catalog({str(self.root)!r})"
+        return f"Catalog({self.url!r})"
+
+    @property
+    def root(self) -> Path:
+        """The local root directory; a :class:`CatalogError` for a URL catalog (see ``url``)."""
+        if self._root is None:
+            raise CatalogError(f"catalog {self.url} is not on a local filesystem; use .url")
+        return self._root
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the catalog is a local directory (else a URL through fsspec)."""
+        return self._store is None
 
     @property
     def _datasets(self) -> Path:
@@ -82,27 +139,54 @@ class Catalog:
 
     @property
     def _staging(self) -> Path:
-        return self.root / "staging"
+        return self._local / "staging"
 
     # --- paths ------------------------------------------------------------------------------
 
     def version_dir(self, name: str, version: str) -> Path:
+        """The version's local directory; a :class:`CatalogError` for a URL catalog."""
+        if self._store is not None:
+            raise CatalogError(
+                f"{name}@{version} of catalog {self.url} is not on a local filesystem; "
+                "use version_url"
+            )
         return self._datasets / validate_name(name) / validate_version(version)
 
+    def version_url(self, name: str, version: str) -> str:
+        """The version's directory as a URL (for a local catalog, its absolute path)."""
+        if self._store is None:
+            return str(self.version_dir(name, version))
+        return self._store.url_of(_version_key(name, version))
+
     def file_path(self, manifest: Manifest, entry: FileEntry) -> Path:
-        """Absolute path of ``entry``; refuses entries that would leave the version directory."""
-        relative = PurePosixPath(entry.path)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        """Absolute path of ``entry``; refuses entries that would leave the version directory.
+
+        A :class:`CatalogError` for a URL catalog: use :meth:`file_url`.
+        """
+        parts = _entry_parts(manifest, entry)
+        if self._store is not None:
             raise CatalogError(
-                f"manifest of {manifest.ref} lists file {entry.path!r} outside its directory; "
-                "the manifest is corrupt"
+                f"{entry.path} of {manifest.ref} in catalog {self.url} is not on a local "
+                "filesystem; use file_url"
             )
-        return self.version_dir(manifest.name, manifest.version).joinpath(*relative.parts)
+        return self.version_dir(manifest.name, manifest.version).joinpath(*parts)
+
+    def file_url(self, manifest: Manifest, entry: FileEntry) -> str:
+        """Full URL of ``entry`` (for a local catalog, its absolute path), for fsspec or pyarrow."""
+        if self._store is None:
+            return str(self.file_path(manifest, entry))
+        relpath = "/".join(_entry_parts(manifest, entry))
+        return self._store.url_of(f"{_version_key(manifest.name, manifest.version)}/{relpath}")
+
+    def _manifest_location(self, name: str, version: str) -> str:
+        return f"{self.version_url(name, version)}/{MANIFEST_NAME}"
 
     # --- reading ----------------------------------------------------------------------------
 
     def exists(self, name: str, version: str) -> bool:
         """Whether ``name@version`` is committed."""
+        if self._store is not None:
+            return self._store.exists(f"{_version_key(name, version)}/{MANIFEST_NAME}")
         return (self.version_dir(name, version) / MANIFEST_NAME).is_file()
 
     def names(self) -> list[str]:
@@ -123,7 +207,7 @@ class Catalog:
             versions = self.versions(name)
             if not versions:
                 raise NotFound(
-                    f"no dataset {name!r} in catalog {self.root}; run `shardflow catalog list`"
+                    f"no dataset {name!r} in catalog {self.url}; run `shardflow catalog list`"
                 )
             return versions[-1]
         return self._read_manifest(name, self._resolve(name, version))
@@ -157,7 +241,11 @@ class Catalog:
         """
         if kind is not None:
             validate_kind(kind)
-        if not self._datasets.is_dir():
+        if self._store is not None:
+            if not self._store.exists("datasets"):
+                return []
+            make_dirs(self._local)
+        elif not self._datasets.is_dir():
             return []
         on_disk = set(self._committed())
         if self._index.ensure_tables() or self._index.entries() != on_disk:
@@ -184,6 +272,8 @@ class Catalog:
         return problems
 
     def _verify_version(self, name: str, version: str) -> list[Problem]:
+        if self._store is not None:
+            return self._verify_remote(self._store, name, version)
         directory = self.version_dir(name, version)
         manifest_path = directory / MANIFEST_NAME
         try:
@@ -211,6 +301,47 @@ class Catalog:
                 problems.append(Problem(path=str(path), reason="not in manifest"))
         return problems
 
+    def _verify_remote(self, store: ObjectStore, name: str, version: str) -> list[Problem]:
+        key = _version_key(name, version)
+        manifest_url = store.url_of(f"{key}/{MANIFEST_NAME}")
+        try:
+            manifest = Manifest.from_json(store.read_text(f"{key}/{MANIFEST_NAME}"))
+        except (OSError, UnicodeDecodeError, CatalogError) as exc:
+            return [Problem(path=manifest_url, reason=f"unreadable manifest: {exc}")]
+        if (manifest.name, manifest.version) != (name, version):
+            reason = f"manifest describes {manifest.ref}, not {name}@{version}"
+            return [Problem(path=manifest_url, reason=reason)]
+        sizes = store.files_under(key)  # one listing instead of a HEAD per file
+        problems = []
+        listed = {MANIFEST_NAME}
+        for entry in manifest.files:
+            try:
+                relpath = "/".join(_entry_parts(manifest, entry))
+            except CatalogError as exc:
+                problems.append(Problem(path=manifest_url, reason=str(exc)))
+                continue
+            listed.add(relpath)
+            url = store.url_of(f"{key}/{relpath}")
+            if relpath not in sizes:
+                problems.append(Problem(path=url, reason="missing"))
+                continue
+            if sizes[relpath] != entry.bytes:
+                problem = f"size {sizes[relpath]} != manifest {entry.bytes}"
+                problems.append(Problem(path=url, reason=problem))
+                continue
+            try:
+                _, sha = store.digest(f"{key}/{relpath}")
+            except OSError as exc:
+                problems.append(Problem(path=url, reason=f"unreadable: {exc}"))
+                continue
+            if sha != entry.sha256:
+                problems.append(Problem(path=url, reason="sha256 mismatch"))
+        for relpath in sorted(set(sizes) - listed):
+            problems.append(
+                Problem(path=store.url_of(f"{key}/{relpath}"), reason="not in manifest")
+            )
+        return problems
+
     # --- writing ----------------------------------------------------------------------------
 
     def stage(self, name: str, *, kind: str) -> Staging:
@@ -230,6 +361,8 @@ class Catalog:
 
     def _publish(self, staging: Staging, manifest: Manifest) -> Manifest:
         """Steps 2-4 of a commit: move the staged files in place, then the manifest, then index."""
+        if self._store is not None:
+            return self._publish_remote(self._store, staging, manifest)
         dataset_dir = self._datasets / manifest.name
         make_dirs(dataset_dir)
         directory = dataset_dir / manifest.version
@@ -256,8 +389,43 @@ class Catalog:
         self._record(manifest)
         return manifest
 
+    def _publish_remote(self, store: ObjectStore, staging: Staging, manifest: Manifest) -> Manifest:
+        """Upload every staged file under the version's prefix, then PUT the manifest, then index.
+
+        No lock: two writers of one version upload the same identity to the same keys, and the
+        manifest PUT (conditional on its absence where the store supports it) publishes once.
+        """
+        key = _version_key(manifest.name, manifest.version)
+        if store.exists(f"{key}/{MANIFEST_NAME}"):
+            staging.discard()
+            return self.get(manifest.name, manifest.version)
+        for i, entry in enumerate(manifest.files):
+            store.upload(staging.path / entry.path, f"{key}/{entry.path}")
+            if i == 0:
+                failpoint("after_first_file")
+        uploaded = store.files_under(key)
+        for entry in manifest.files:
+            if uploaded.get(entry.path) != entry.bytes:
+                # Left for gc_urls (or overwritten by a rerun); nothing is published.
+                raise CatalogError(
+                    f"uploaded {store.url_of(f'{key}/{entry.path}')} has "
+                    f"{uploaded.get(entry.path, 'no')} bytes, staged {entry.bytes}; "
+                    f"{manifest.ref} was not committed, commit it again"
+                )
+        # Everything is uploaded; only the manifest PUT remains (there is no rename step).
+        failpoint("staged")
+        failpoint("moved")
+        failpoint("manifest_tmp")
+        created = store.create(f"{key}/{MANIFEST_NAME}", manifest.to_json().encode("utf-8"))
+        staging.discard()
+        if not created:
+            # Another writer published the same version between our check and our PUT.
+            return self.get(manifest.name, manifest.version)
+        self._record(manifest)
+        return manifest
+
     def _record(self, manifest: Manifest) -> None:
-        manifest_path = str(self.version_dir(manifest.name, manifest.version) / MANIFEST_NAME)
+        manifest_path = self._manifest_location(manifest.name, manifest.version)
         try:
             if self._index.ensure_tables():
                 self.reindex()
@@ -274,23 +442,28 @@ class Catalog:
 
     def reindex(self) -> int:
         """Rebuild the index from the manifests; returns how many versions it holds."""
-        make_dirs(self.root)
+        make_dirs(self._local)
         self._index.ensure_tables()
 
         def manifests() -> Iterator[tuple[Manifest, str]]:
             for name, version in self._committed():
-                path = self.version_dir(name, version) / MANIFEST_NAME
+                path = self._manifest_location(name, version)
                 try:
-                    manifest = Manifest.from_json(path.read_text(encoding="utf-8"))
+                    manifest = Manifest.from_json(self._manifest_text(name, version))
                 except (OSError, UnicodeDecodeError, CatalogError) as exc:
                     log.warning("not indexing %s: %s; run `shardflow catalog verify`", path, exc)
                     continue
-                yield manifest, str(path)
+                yield manifest, path
 
         return self._index.rebuild(manifests)
 
     def gc(self) -> list[Path]:
-        """Remove staging left by dead writers and version directories without a manifest."""
+        """Remove staging left by dead writers and version directories without a manifest.
+
+        Local catalogs only (a :class:`CatalogError` for a URL catalog): use :meth:`gc_urls`.
+        """
+        if self._store is not None:
+            raise CatalogError(f"catalog {self.url} is not on a local filesystem; use gc_urls")
         removed: list[Path] = []
         if self._staging.is_dir():
             removed += self._gc_staging()
@@ -325,6 +498,37 @@ class Catalog:
                 removed.append(directory)
         return removed
 
+    def gc_urls(self, *, min_age: timedelta = DEFAULT_GC_MIN_AGE) -> list[str]:
+        """:meth:`gc` for any root; returns the paths or URLs it removed.
+
+        For a URL catalog: the local staging of dead writers, and every version prefix without a
+        manifest whose newest object is older than ``min_age``. There is no lock to tell a live
+        uploader from a dead one, so ``min_age`` must exceed the longest upload of a commit;
+        ``timedelta(0)`` removes them all (only when no writer runs). A local catalog ignores
+        ``min_age``: its locks tell.
+        """
+        if self._store is None:
+            return [str(p) for p in self.gc()]
+        store = self._store
+        removed = [str(p) for p in self._gc_staging()] if self._staging.is_dir() else []
+        now = datetime.now(UTC)
+        for name in store.subdirectories("datasets"):
+            if NAME_PATTERN.fullmatch(name) is None:
+                continue  # not the catalog's: never remove what it did not write
+            for version in store.subdirectories(f"datasets/{name}"):
+                key = f"datasets/{name}/{version}"
+                if VERSION_PATTERN.fullmatch(version) is None:
+                    continue
+                if store.exists(f"{key}/{MANIFEST_NAME}"):
+                    continue
+                if min_age > timedelta(0):
+                    changed = store.newest_change(key)
+                    if changed is None or now - changed < min_age:
+                        continue  # maybe a live writer's upload (or the store cannot tell)
+                store.remove_tree(key)
+                removed.append(store.url_of(key))
+        return removed
+
     def _gc_dataset(self, dataset_dir: Path) -> list[Path]:
         removed = []
         # The publisher holds this lock from the rename until the manifest is written.
@@ -339,6 +543,9 @@ class Catalog:
 
     def _committed(self, name: str | None = None) -> Iterator[tuple[str, str]]:
         """``(name, version)`` of every committed version (of ``name``), from the directories."""
+        if self._store is not None:
+            yield from self._committed_remote(self._store, name)
+            return
         if name is not None:
             dataset_dirs = [self._datasets / name]
         elif self._datasets.is_dir():
@@ -352,6 +559,22 @@ class Catalog:
                 if (directory / MANIFEST_NAME).is_file():
                     yield dataset_dir.name, directory.name
 
+    def _committed_remote(self, store: ObjectStore, name: str | None) -> Iterator[tuple[str, str]]:
+        names = [name] if name is not None else store.subdirectories("datasets")
+        for dataset in names:
+            if NAME_PATTERN.fullmatch(dataset) is None:
+                continue  # not the catalog's: a stray prefix
+            for version in store.subdirectories(f"datasets/{dataset}"):
+                if VERSION_PATTERN.fullmatch(version) is None:
+                    continue
+                if store.exists(f"datasets/{dataset}/{version}/{MANIFEST_NAME}"):
+                    yield dataset, version
+
+    def _manifest_text(self, name: str, version: str) -> str:
+        if self._store is not None:
+            return self._store.read_text(f"{_version_key(name, version)}/{MANIFEST_NAME}")
+        return (self.version_dir(name, version) / MANIFEST_NAME).read_text(encoding="utf-8")
+
     def _resolve(self, name: str, version: str) -> str:
         """The committed version id of ``name`` that ``version`` (an id or prefix) names."""
         validate_name(name)
@@ -363,7 +586,7 @@ class Catalog:
             return matches[0]
         if not matches:
             raise NotFound(
-                f"no version {version!r} of dataset {name!r} in catalog {self.root}; "
+                f"no version {version!r} of dataset {name!r} in catalog {self.url}; "
                 "run `shardflow catalog list`"
             )
         raise NotFound(
@@ -372,12 +595,12 @@ class Catalog:
         )
 
     def _read_manifest(self, name: str, version: str) -> Manifest:
-        path = self.version_dir(name, version) / MANIFEST_NAME
+        path = self._manifest_location(name, version)
         try:
-            manifest = Manifest.from_json(path.read_text(encoding="utf-8"))
+            manifest = Manifest.from_json(self._manifest_text(name, version))
         except FileNotFoundError as exc:
             raise NotFound(
-                f"no version {version!r} of dataset {name!r} in catalog {self.root}; "
+                f"no version {version!r} of dataset {name!r} in catalog {self.url}; "
                 "run `shardflow catalog list`"
             ) from exc
         except (OSError, UnicodeDecodeError, CatalogError) as exc:
@@ -389,6 +612,22 @@ class Catalog:
                 f"{path} describes {manifest.ref}, not {name}@{version}; the catalog is corrupt"
             )
         return manifest
+
+
+def _version_key(name: str, version: str) -> str:
+    """The version's directory relative to the root, '/'-separated, for an object store."""
+    return f"datasets/{validate_name(name)}/{validate_version(version)}"
+
+
+def _entry_parts(manifest: Manifest, entry: FileEntry) -> tuple[str, ...]:
+    """The parts of ``entry.path``; refuses entries that would leave the version directory."""
+    relative = PurePosixPath(entry.path)
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise CatalogError(
+            f"manifest of {manifest.ref} lists file {entry.path!r} outside its directory; "
+            "the manifest is corrupt"
+        )
+    return relative.parts
 
 
 def _check_file(path: Path, entry: FileEntry) -> Problem | None:
@@ -481,8 +720,12 @@ class Staging:
         if self._catalog.exists(self.name, version):
             self.discard()
             return self._catalog.get(self.name, version)
-        files = describe_and_sync(self.path, file_rows)
-        failpoint("staged")
+        local = self._catalog.is_local
+        # A URL catalog uploads the files instead: fsync would buy nothing, and its failpoints
+        # fire during the upload (Catalog._publish_remote).
+        files = describe_and_sync(self.path, file_rows, sync=local)
+        if local:
+            failpoint("staged")
         manifest = Manifest(
             format_version=FORMAT_VERSION,
             name=self.name,

@@ -1,7 +1,7 @@
 """Crash-safe filesystem steps: fsync, atomic replace, advisory locks, and test failpoints.
 
-POSIX local filesystems only: ``fcntl.flock`` is unreliable on some network filesystems, so a
-catalog on NFS or object storage needs another lock (see the package docstring).
+POSIX local filesystems only: ``fcntl.flock`` is unreliable on some network filesystems. A
+catalog on object storage uses none of this except :func:`failpoint` (see object_store.py).
 """
 
 from __future__ import annotations

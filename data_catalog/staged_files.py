@@ -57,9 +57,13 @@ def relative_files(directory: Path) -> list[str]:
 
 
 def describe_and_sync(
-    directory: Path, file_rows: Mapping[str, int] | None
+    directory: Path, file_rows: Mapping[str, int] | None, *, sync: bool = True
 ) -> tuple[FileEntry, ...]:
-    """Hash, count and fsync every file under ``directory``, then fsync every directory."""
+    """Hash, count and fsync every file under ``directory``, then fsync every directory.
+
+    ``sync=False`` (a URL catalog, which uploads the files rather than moving them) only hashes
+    and counts: no fsync, and no ``after_first_file`` failpoint, which the upload fires instead.
+    """
     file_rows = dict(file_rows or {})
     paths = relative_files(directory)
     reserved = RESERVED_NAMES.intersection(paths)
@@ -74,15 +78,17 @@ def describe_and_sync(
     entries = []
     for i, relpath in enumerate(paths):
         path = directory / relpath
-        size, sha = _read(path, sync=True)
+        size, sha = _read(path, sync=sync)
         rows, row_groups = file_rows.get(relpath), None
         if relpath.endswith(".parquet"):
             rows, row_groups = _parquet_counts(path)
         entries.append(
             FileEntry(path=relpath, bytes=size, sha256=sha, rows=rows, row_groups=row_groups)
         )
-        if i == 0:
+        if i == 0 and sync:
             failpoint("after_first_file")
+    if not sync:
+        return tuple(entries)
     for dirpath, _, _ in os.walk(directory, topdown=False):
         fsync_dir(Path(dirpath))
     return tuple(entries)
