@@ -15,6 +15,8 @@ from typing import Any
 from data_catalog.errors import ShardflowError
 
 IMAGE_DATASETS = ("mnist", "fashion-mnist")
+# Sources that can be ingested; preprocessing and training take the IDX image sets for now.
+SOURCES = (*IMAGE_DATASETS, "cifar10", "sdss")
 DEFAULT_HOME = "~/.shardflow"
 
 EPILOG = """\
@@ -79,19 +81,59 @@ def emit(ctx: Context, result: dict[str, Any], human: Sequence[str]) -> None:
 def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
-    result = stages.ingest(
-        ctx.catalog(),
-        args.dataset,
-        source=args.source,
-        progress=ctx.progress,
-        work_dir=ctx.work_dir,
+    catalog = ctx.catalog()
+    if args.dataset == "sdss":
+        result = stages.ingest_sdss(
+            catalog,
+            source=args.source,
+            skyserver_url=args.skyserver_url,
+            data_release=args.data_release,
+            limit=args.limit,
+            progress=ctx.progress,
+        )
+    elif args.dataset == "cifar10":
+        if args.source is None:
+            raise ShardflowError(
+                "cifar10 needs --source: a directory of batches, a .tar.gz, or its URL"
+            )
+        result = stages.ingest_cifar10(catalog, source=args.source, progress=ctx.progress)
+    else:
+        result = stages.ingest(
+            catalog,
+            args.dataset,
+            source=args.source,
+            progress=ctx.progress,
+            work_dir=ctx.work_dir,
+        )
+    split = (
+        f" ({result['train_rows']:,} train + {result['test_rows']:,} test)"
+        if "train_rows" in result
+        else ""
     )
     emit(
         ctx,
         result,
         [
-            f"{args.dataset}@{result['version']}: {result['rows']:,} rows "
-            f"({result['train_rows']:,} train + {result['test_rows']:,} test)"
+            f"{args.dataset}@{result['version']}: {result['rows']:,} rows{split} "
+            f"in {result['files']} files"
+        ],
+    )
+    return 0
+
+
+def cmd_synth(ctx: Context, args: argparse.Namespace) -> int:
+    from preprocessing.sources.synth import write_sdss_exports
+
+    out = Path(args.out).expanduser().resolve()
+    paths = write_sdss_exports(
+        out, rows=args.rows, files=args.files, fmt=args.format, seed=args.seed
+    )
+    emit(
+        ctx,
+        {"dataset": "sdss", "synthetic": True, "rows": args.rows, "files": [str(p) for p in paths]},
+        [
+            f"wrote {args.rows:,} synthetic SDSS rows in {len(paths)} {args.format} files "
+            f"under {out}"
         ],
     )
     return 0
@@ -477,7 +519,9 @@ def _add_ingest_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source",
         metavar="URI",
-        help="directory or URL (file://, http(s)://, s3://...) holding train-images-idx3-ubyte, "
+        help="sdss: a directory or glob of CasJobs exports (CSV, FITS, VOTable); cifar10: a "
+        "directory of batches, a .tar.gz or its URL; mnist, fashion-mnist: directory or URL "
+        "(file://, http(s)://, s3://...) holding train-images-idx3-ubyte, "
         "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each raw "
         "or .gz (default: fashion-mnist from Debian's dataset-fashion-mnist, else upstream; "
         "mnist from the upstream mirrors, digests checked)",
@@ -568,8 +612,29 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ingest = commands.add_parser("ingest", help="fetch raw data into a new raw version")
-    _add_dataset(ingest)
+    ingest.add_argument(
+        "dataset", choices=SOURCES, metavar="DATASET", help=f"one of: {', '.join(SOURCES)}"
+    )
     _add_ingest_options(ingest)
+    ingest.add_argument(
+        "--skyserver-url",
+        default="https://skyserver.sdss.org",
+        metavar="URL",
+        help="sdss: SkyServer base URL, for mirrors (default: https://skyserver.sdss.org)",
+    )
+    ingest.add_argument(
+        "--data-release",
+        type=_positive,
+        default=17,
+        metavar="N",
+        help="sdss: data release (default: 17)",
+    )
+    ingest.add_argument(
+        "--limit",
+        type=_positive,
+        metavar="N",
+        help="sdss: fetch at most N rows (default: all that match)",
+    )
     ingest.set_defaults(handler=cmd_ingest)
 
     preprocess = commands.add_parser(
@@ -622,6 +687,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(deploy)
     deploy.set_defaults(handler=cmd_deploy)
+
+    synth = commands.add_parser(
+        "synth", help="write calibrated synthetic SDSS exports (CasJobs style), marked synthetic"
+    )
+    synth.add_argument("dataset", choices=("sdss",), metavar="DATASET", help="sdss")
+    synth.add_argument("--rows", type=_positive, required=True, help="rows in all")
+    synth.add_argument("--files", type=_positive, default=1, help="files (default: 1)")
+    synth.add_argument("--format", choices=("csv", "fits"), default="csv", help="default: csv")
+    synth.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
+    synth.add_argument("--seed", type=int, default=0, help="default: 0")
+    _add_common(synth)
+    synth.set_defaults(handler=cmd_synth)
 
     catalog = commands.add_parser("catalog", help="list, show, verify dataset and model versions")
     actions = catalog.add_subparsers(dest="action", required=True, metavar="ACTION")

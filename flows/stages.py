@@ -14,7 +14,7 @@ from data_catalog import Catalog, Manifest
 from preprocessing.images import ClusterConfig, PreprocessConfig
 from preprocessing.images import preprocess as preprocess_images
 from preprocessing.plan import PlanConfig
-from preprocessing.sources import mnist
+from preprocessing.sources import cifar10, mnist, sdss
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
 
@@ -22,14 +22,44 @@ Progress = Callable[[str], None]
 
 
 def ingest_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
-    return {
+    result = {
         "dataset": dataset,
         "version": manifest.version,
         "rows": manifest.rows,
-        "train_rows": manifest.statistics["train_rows"],
-        "test_rows": manifest.statistics["test_rows"],
-        "sources": [s["uri"] for s in manifest.sources],
+        "files": len(manifest.files),
+        "sources": [s.get("uri") or s.get("url") or s.get("file") for s in manifest.sources],
     }
+    for key in ("train_rows", "test_rows", "pages", "count_reported", "synthetic_rows"):
+        if key in manifest.statistics:
+            result[key] = manifest.statistics[key]
+    return result
+
+
+def ingest_sdss(
+    catalog: Catalog,
+    *,
+    source: str | None,
+    skyserver_url: str,
+    data_release: int,
+    limit: int | None,
+    progress: Progress,
+) -> dict[str, Any]:
+    """SDSS from CasJobs export files (``source``) or by SQL from SkyServer."""
+    if source is not None:
+        manifest = sdss.ingest_exports(catalog, source=source, progress=progress)
+    else:
+        manifest = sdss.ingest_skyserver(
+            catalog,
+            skyserver_url=skyserver_url,
+            data_release=data_release,
+            limit=limit,
+            progress=progress,
+        )
+    return ingest_result("sdss", manifest)
+
+
+def ingest_cifar10(catalog: Catalog, *, source: str, progress: Progress) -> dict[str, Any]:
+    return ingest_result("cifar10", cifar10.ingest(catalog, source=source, progress=progress))
 
 
 def preprocess_result(dataset: str, manifest: Manifest) -> dict[str, Any]:

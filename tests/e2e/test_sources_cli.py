@@ -1,0 +1,79 @@
+"""`shardflow ingest sdss|cifar10` and `shardflow synth sdss` as a user runs them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tests.conftest import Result
+from tests.preprocessing.sources.skyserver_standin import (
+    BIG_SPECOBJID,
+    StandIn,
+    serve,
+    synthetic_rows,
+)
+
+
+def test_skyserver_capped_replies_ingest_every_row_once(
+    shardflow: Callable[..., Result],
+) -> None:
+    with serve(StandIn(rows=synthetic_rows(25_000), cap=10_000)) as standin:
+        result = shardflow("ingest", "sdss", "--skyserver-url", standin.url, "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.json["rows"] == 25_000
+
+    shown = shardflow("catalog", "show", "sdss", "--json").json
+    tables = [pq.read_table(f["path"]) for f in shown["files"] if f["path"].endswith(".parquet")]
+    table = pa.concat_tables(tables)
+    assert table.num_rows == 25_000
+    assert pc.count_distinct(table.column("objid")).as_py() == 25_000
+    assert table.schema.field("specobjid").type == pa.uint64()
+    assert pc.max(table.column("specobjid")).as_py() == BIG_SPECOBJID  # above 2^63, exact
+
+
+def test_bad_replies_are_refused_in_one_line_without_a_version(
+    shardflow: Callable[..., Result],
+) -> None:
+    for mode in ("empty", "error"):
+        with serve(StandIn(rows=synthetic_rows(100), mode=mode)) as standin:
+            result = shardflow("ingest", "sdss", "--skyserver-url", standin.url)
+        assert result.returncode == 1
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("shardflow: error:"), result.stderr
+    with serve(StandIn(rows=synthetic_rows(300), cap=100, count_extra=7)) as standin:
+        short = shardflow("ingest", "sdss", "--skyserver-url", standin.url)
+    assert short.returncode == 1
+    assert len(short.stderr.strip().splitlines()) == 1
+    assert shardflow("catalog", "list", "--json").json["datasets"] == []
+    missing = shardflow("ingest", "cifar10")
+    assert missing.returncode == 1
+    assert "cifar10 needs --source" in missing.stderr
+
+
+def test_synthetic_exports_ingest_as_marked_rows(
+    shardflow: Callable[..., Result], tmp_path: Path
+) -> None:
+    out = tmp_path / "exports"
+    written = shardflow(
+        "synth",
+        "sdss",
+        "--rows",
+        "5000",
+        "--files",
+        "3",
+        "--format",
+        "fits",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert written.returncode == 0, written.stderr
+    assert len(written.json["files"]) == 3
+    ingested = shardflow("ingest", "sdss", "--source", str(out), "--json")
+    assert ingested.returncode == 0, ingested.stderr[-2000:]
+    assert ingested.json["rows"] == 5_000
+    assert ingested.json["synthetic_rows"] == 5_000
