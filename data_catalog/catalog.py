@@ -744,6 +744,17 @@ class Staging:
         )
         return self._catalog._publish(self, manifest)
 
+    def adopt(self, source: Path, relpath: str) -> Path:
+        """Put an existing file into the staging area as ``relpath``: a hard link when it is on
+        the same filesystem (no copy, the source stays valid), else a copy."""
+        target = self.path / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+        return target
+
     def discard(self) -> None:
         """Remove the staged files; a no-op after commit or an earlier discard."""
         if self._lock_fd is None:

@@ -40,10 +40,13 @@ class Context:
     as_json: bool
     verbose: bool
     debug: bool
+    catalog_location: str | None = None
+    """$SHARDFLOW_CATALOG: a path or an fsspec URL (s3://bucket/prefix); default
+    $SHARDFLOW_HOME/catalog."""
 
     @property
-    def catalog_root(self) -> Path:
-        return self.home / "catalog"
+    def catalog_root(self) -> str:
+        return self.catalog_location or str(self.home / "catalog")
 
     @property
     def runs_dir(self) -> Path:
@@ -371,10 +374,10 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
 def manifest_json(catalog: Any, manifest: Any) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(manifest.to_json())
     data["files"] = [
-        {**entry, "path": str(catalog.file_path(manifest, file))}
+        {**entry, "path": catalog.file_url(manifest, file)}
         for entry, file in zip(data["files"], manifest.files, strict=True)
     ]
-    data["directory"] = str(catalog.version_dir(manifest.name, manifest.version))
+    data["directory"] = catalog.version_url(manifest.name, manifest.version)
     return data
 
 
@@ -461,7 +464,8 @@ def cmd_catalog_lineage(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_catalog_gc(ctx: Context, args: argparse.Namespace) -> int:
-    removed = ctx.catalog().gc()
+    catalog = ctx.catalog()
+    removed = catalog.gc() if catalog.is_local else catalog.gc_urls()
     emit(
         ctx,
         {"removed": [str(p) for p in removed]},
@@ -742,6 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         as_json=args.json,
         verbose=args.verbose or sys.stderr.isatty(),
         debug=args.debug,
+        catalog_location=os.environ.get("SHARDFLOW_CATALOG") or None,
     )
     try:
         return int(args.handler(ctx, args))

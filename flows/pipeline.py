@@ -75,7 +75,8 @@ def resolve_home(home: str | None) -> str:
 
 
 def _catalog(home: str) -> Catalog:
-    return Catalog(Path(home) / "catalog", index_url=os.environ.get("SHARDFLOW_CATALOG_URL"))
+    location = os.environ.get("SHARDFLOW_CATALOG") or Path(home) / "catalog"
+    return Catalog(location, index_url=os.environ.get("SHARDFLOW_CATALOG_URL"))
 
 
 def _key(*parts: str) -> str:

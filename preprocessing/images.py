@@ -173,6 +173,11 @@ class ImageJob:
 
 def plan_job(catalog: Catalog, dataset: str, plan: PlanConfig) -> ImageJob:
     """Plan the processing of the latest raw version of ``dataset`` (reads manifests only)."""
+    if not catalog.is_local:
+        raise ShardflowError(
+            f"preprocessing reads raw files by path: the catalog {catalog.url} is not on a local "
+            "or mounted filesystem (object-store catalogs take ingest and catalog commands)"
+        )
     raw = catalog.get(dataset)
     if raw.kind != "raw":
         raise ShardflowError(f"{dataset}@{raw.version} is {raw.kind}, expected a raw version")
@@ -224,9 +229,7 @@ def commit_job(
         raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
     if shards_dir != stage.path:
         for shard_path in sorted(expected):
-            target = stage.path / shard_path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(shards_dir / shard_path, target)  # same filesystem: no copy
+            stage.adopt(shards_dir / shard_path, shard_path)
     raw = job.raw
     manifest = stage.commit(
         parents=job.parents,

@@ -130,6 +130,11 @@ def train(
     """
     from preprocessing.images import processed_name
 
+    if not catalog.is_local:
+        raise ShardflowError(
+            f"training streams shards by path: the catalog {catalog.url} is not on a local or "
+            "mounted filesystem (object-store catalogs take ingest and catalog commands)"
+        )
     processed = catalog.get(processed_name(dataset))
     train_stats = processed.statistics["train"]
     layout = SplitLayout(

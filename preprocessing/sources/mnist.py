@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -194,15 +195,23 @@ def _fetch(
             while chunk := f.read(1 << 20):
                 digest.update(chunk)
         if digest.hexdigest() == recorded.read_text().strip():
-            os.link(cached, dest)
+            _place(cached, dest)
             progress(f"reused {url} from the download cache")
             return digest.hexdigest(), cached.stat().st_size
     partial = cache / f"{key}.part"
     sha256, size = _copy(fs, url, partial)
     os.replace(partial, cached)  # whole or absent: a crash leaves at most a .part file
     recorded.write_text(sha256 + "\n")
-    os.link(cached, dest)
+    _place(cached, dest)
     return sha256, size
+
+
+def _place(cached: Path, dest: Path) -> None:
+    """Hard-link a cached download into staging, copying across filesystems."""
+    try:
+        os.link(cached, dest)
+    except OSError:
+        shutil.copyfile(cached, dest)
 
 
 def _forget(fs: fsspec.AbstractFileSystem, urls: list[str], cache: Path | None) -> None:
@@ -291,8 +300,8 @@ def ingest(
 
     A source that yields exactly the bytes of an existing version gives that version back and
     writes nothing. With ``download_cache``, files fetched whole by an earlier, interrupted
-    run are taken from there instead of the source (it must be on the catalog's filesystem:
-    files are hard-linked into the version).
+    run are taken from there instead of the source (hard-linked into staging where the
+    filesystem allows, else copied).
     """
     dataset = image_set(dataset_name)
     candidates: Sequence[str]
