@@ -57,7 +57,10 @@ def real_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail("SHARDFLOW_MNIST_5K must name mnist_5k.csv.gz: run the tests with `make test`")
     with gzip.open(csv, "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
-    labels, images = table[:, 0], table[:, 1:].reshape(-1, 28, 28)
+    # 784 pixels, then the label: the label is the LAST column (not the first).
+    images, labels = table[:, :784].reshape(-1, 28, 28), table[:, 784]
+    if np.bincount(labels, minlength=10).tolist() != [500] * 10:
+        pytest.fail(f"{csv}: expected 500 digits of each class, got {np.bincount(labels)}")
     held_out = np.zeros(len(labels), dtype=bool)
     for digit in range(10):
         held_out[np.flatnonzero(labels == digit)[::5]] = True

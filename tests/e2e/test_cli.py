@@ -8,9 +8,11 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from preprocessing.sources import idx
 from tests.conftest import Result
 
 pytestmark = pytest.mark.e2e
@@ -97,9 +99,11 @@ def test_run_fashion_subset_as_one_flow(
 
 
 def test_real_mnist_over_http_trains_to_97_percent(
-    shardflow: Callable[..., Result], http_source: str, shardflow_home: Path
+    shardflow: Callable[..., Result], http_source: str, shardflow_home: Path, real_mnist: Path
 ) -> None:
     """Real MNIST digits served over HTTP: ingest, preprocess, train on 2 ranks."""
+    held_out = idx.read_records(real_mnist / "t10k-labels-idx1-ubyte.gz")
+    assert np.bincount(held_out, minlength=10).tolist() == [100] * 10  # every digit, balanced
     ingested = ok(shardflow("ingest", "mnist", "--source", http_source, "--json")).json
     assert ingested["rows"] == 5_000
     assert ingested["train_rows"] == 4_000
