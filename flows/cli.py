@@ -214,6 +214,7 @@ def _train_options(args: argparse.Namespace) -> dict[str, Any]:
         "compression": args.compression,
         "resume": args.resume,
         "timeline": args.timeline,
+        "augment": args.augment,
     }
 
 
@@ -597,6 +598,11 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue an interrupted run of the same configuration from its last checkpoint",
+    )
+    parser.add_argument(
+        "--augment",
+        action="store_true",
+        help="random shifts of up to 2 pixels while training, for small training sets",
     )
     parser.add_argument(
         "--timeline",

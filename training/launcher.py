@@ -56,6 +56,8 @@ class TrainConfig:
     """Local gradient aggregation: allreduce once every K batches."""
     compression: str = "none"
     """Allreduce compression: none or fp16."""
+    augment: bool = False
+    """Random shifts of up to 2 pixels while training: for small training sets."""
     hosts: str | None = None
     """horovodrun -H value (host:slots,...); default localhost:num_ranks."""
     resume: bool = False
@@ -187,6 +189,7 @@ def train(
         backward_passes_per_step=config.backward_passes_per_step,
         compression=config.compression,
         resume=config.resume,
+        augment=config.augment,
     )
     worker_config.dump(run_dir / "worker.json")
     progress(

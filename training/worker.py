@@ -43,6 +43,7 @@ class WorkerConfig:
     """Compute threads per rank; 0 shares the host's cores among its ranks."""
     evaluate: bool = True
     """Evaluate on the test split and save the model (benchmarks skip both)."""
+    augment: bool = False
 
     @classmethod
     def load(cls, path: str | Path) -> WorkerConfig:
@@ -145,7 +146,10 @@ def run(config: WorkerConfig) -> None:
         shuffle_buffer=config.shuffle_buffer,
     )
     model = models.build(
-        config.model, image_shape=config.image_shape, num_classes=config.num_classes
+        config.model,
+        image_shape=config.image_shape,
+        num_classes=config.num_classes,
+        augment=config.augment,
     )
     # Horovod: scale the learning rate by the number of ranks (the global batch grows with it).
     scaled_lr = config.learning_rate * num_ranks
