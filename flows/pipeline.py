@@ -12,6 +12,7 @@ Flows only wire library calls; the libraries never import Prefect.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from pathlib import Path
@@ -306,6 +307,16 @@ def train_flow(
         ],
         description=f"{result['model_name']}@{result['version']}: per-epoch metrics (rank 0)",
     )
+    curves = Path(result["run_dir"]) / "curves.png"
+    if curves.exists():
+        # The UI has no image upload; an inline PNG in markdown renders on the artifact page.
+        encoded = base64.b64encode(curves.read_bytes()).decode()
+        create_markdown_artifact(
+            key=_key(result["model_name"], "curves"),
+            markdown=f"## {result['model_name']}@{result['version']}: training curves\n\n"
+            f"![training curves](data:image/png;base64,{encoded})\n",
+            description="per-epoch loss and accuracy from rank 0",
+        )
     create_markdown_artifact(
         key=_key(result["model_name"], "summary"),
         markdown=(

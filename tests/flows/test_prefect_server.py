@@ -119,6 +119,8 @@ def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
     artifacts = api(prefect_server, "/artifacts/filter")
     kinds = {a["type"] for a in artifacts}
     assert {"progress", "table", "markdown"} <= kinds
+    curves = [a for a in artifacts if a["key"] == "fashion-mnist-cnn-curves"]
+    assert curves and "data:image/png;base64," in curves[0]["data"]
     progress = [a for a in artifacts if a["key"] == "fashion-mnist-preprocess-progress"]
     assert progress and progress[0]["data"] == 100.0
 

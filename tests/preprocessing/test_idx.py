@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from preprocessing.sources import idx
 
@@ -128,3 +130,40 @@ def test_gzip_of_garbage(tmp_path: Path) -> None:
     path.write_bytes(gzip.compress(b"\x00\x00\x08\x01")[:10] + b"garbage")
     with pytest.raises(idx.IdxError):
         idx.inspect(path, num_dims=1)
+
+
+VALID = idx.encode(np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.one_of(
+        st.binary(max_size=200),
+        # Valid files with bytes flipped, cut short or extended: the likely damage.
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), max_size=4),
+            st.integers(0, len(VALID) + 8),
+        ).map(lambda edits: _damaged(*edits)),
+    ),
+    compress=st.booleans(),
+)
+def test_fuzzed_files_give_records_or_one_idx_error(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes, compress: bool
+) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "file"
+    path.write_bytes(gzip.compress(data) if compress else data)
+    try:
+        header = idx.inspect(path, num_dims=3)
+    except idx.IdxError as exc:
+        assert "\n" not in str(exc)
+        return
+    records = idx.read_records(path)
+    assert records.shape == header.shape
+
+
+def _damaged(edits: list[tuple[int, int]], length: int) -> bytes:
+    data = bytearray(VALID + b"\0" * 8)[:length]
+    for position, value in edits:
+        if position < len(data):
+            data[position] = value
+    return bytes(data)
