@@ -21,6 +21,7 @@ import pickle
 import posixpath
 import shutil
 import tarfile
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from data_catalog import Catalog, Manifest
+from preprocessing.sources.fetch import download
 from preprocessing.sources.mnist import SourceError
 
-__all__ = ["CLASS_NAMES", "SourceError", "ingest", "read_batch"]
+__all__ = ["CLASS_NAMES", "SourceError", "ingest", "read_batch", "read_cifar10"]
 
 Progress = Callable[[str], None]
 
@@ -88,7 +90,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
             ("numpy._core.multiarray", "_reconstruct"),
             ("numpy", "ndarray"),
             ("numpy", "dtype"),
-            # Python 3 pickles bytes at protocol <= 2 as _codecs.encode(text, "latin1").
+            # Python 3 pickles bytes at protocol <= 2 as _codecs.encode(text, "latin1"),
+            # numpy's dtype code among them; resolved to a latin-1-only stand-in below.
             ("_codecs", "encode"),
         }
     )
@@ -96,7 +99,16 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1_encode
         return super().find_class(module, name)
+
+
+def _latin1_encode(text: object, encoding: object = "latin1", *rest: object) -> bytes:
+    """What protocol-2 pickles of bytes call; any other codec or argument is refused."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or rest:
+        raise pickle.UnpicklingError("_codecs.encode is allowed for latin-1 text only")
+    return text.encode("latin-1")
 
 
 def _unpickle(data: bytes, where: str) -> Any:
@@ -106,11 +118,51 @@ def _unpickle(data: bytes, where: str) -> Any:
         raise SourceError(f"{where}: not a CIFAR-10 pickle: {exc}") from exc
 
 
-def _key(d: dict[Any, Any], name: str) -> Any:
-    for key in (name.encode(), name):
-        if key in d:
-            return d[key]
-    raise KeyError(name)
+_BATCH_KEYS = frozenset({"batch_label", "labels", "data", "filenames"})
+
+
+def _checked_batch(batch: Any, where: str) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """(labels, channel-major pixel rows) of an unpickled batch, whose every part is checked:
+    a dict of b"data" (uint8 n x 3072), b"labels" (n ints), b"batch_label" (text) and
+    b"filenames" (n texts), keys as bytes (Python 2 pickles) or str; nothing else."""
+    if not isinstance(batch, dict):
+        raise SourceError(f"{where}: pickle holds a {type(batch).__name__}, not a CIFAR-10 dict")
+    fields: dict[str, Any] = {}
+    for key, value in batch.items():
+        name = key.decode("latin-1") if isinstance(key, bytes) else key
+        if not isinstance(name, str) or name not in _BATCH_KEYS or name in fields:
+            raise SourceError(f"{where}: unexpected key {str(key)[:40]!r} in the batch dict")
+        fields[name] = value
+    for name in ("data", "labels"):
+        if name not in fields:
+            raise SourceError(f"{where}: pickle lacks CIFAR-10's {name!r} entry")
+    planes = fields["data"]
+    if (
+        type(planes) is not np.ndarray
+        or planes.dtype != np.uint8
+        or planes.ndim != 2
+        or planes.shape[1] != IMAGE_BYTES
+    ):
+        got = getattr(planes, "shape", type(planes).__name__)
+        raise SourceError(f"{where}: data is {got}, expected uint8 (n, {IMAGE_BYTES})")
+    count = planes.shape[0]
+    raw_labels = fields["labels"]
+    # bool is an int subclass: refused, as are numpy scalars and anything else.
+    if not isinstance(raw_labels, list) or any(type(x) is not int for x in raw_labels):
+        raise SourceError(f"{where}: labels are not a list of integers")
+    if len(raw_labels) != count:
+        raise SourceError(f"{where}: {len(raw_labels):,} labels for {count:,} images")
+    if raw_labels and not 0 <= min(raw_labels) <= max(raw_labels) <= 255:
+        raise SourceError(f"{where}: labels outside 0..9")
+    if "batch_label" in fields and not isinstance(fields["batch_label"], bytes | str):
+        raise SourceError(f"{where}: batch_label is not text")
+    if "filenames" in fields:
+        names = fields["filenames"]
+        if not isinstance(names, list) or any(not isinstance(n, bytes | str) for n in names):
+            raise SourceError(f"{where}: filenames are not a list of texts")
+        if len(names) != count:
+            raise SourceError(f"{where}: {len(names):,} filenames for {count:,} images")
+    return np.array(raw_labels, dtype=np.uint8), planes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,31 +183,7 @@ def read_batch(path: Path) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]
         labels = records[:, 0].copy()
         planes = records[:, 1:]
     else:
-        batch = _unpickle(data, where)
-        try:
-            if not isinstance(batch, dict):
-                raise TypeError(type(batch).__name__)
-            planes = _key(batch, "data")
-            raw_labels = _key(batch, "labels")
-        except (KeyError, TypeError) as exc:
-            raise SourceError(f"{where}: pickle lacks CIFAR-10's data/labels ({exc})") from None
-        if (
-            not isinstance(planes, np.ndarray)
-            or planes.dtype != np.uint8
-            or planes.ndim != 2
-            or planes.shape[1] != IMAGE_BYTES
-        ):
-            got = getattr(planes, "shape", type(planes).__name__)
-            raise SourceError(f"{where}: data is {got}, expected uint8 (n, {IMAGE_BYTES})")
-        try:
-            labels = np.array(list(raw_labels), dtype=np.int64)
-        except (TypeError, ValueError) as exc:
-            raise SourceError(f"{where}: labels are not integers ({exc})") from None
-        if labels.shape != (planes.shape[0],):
-            raise SourceError(f"{where}: {labels.size:,} labels for {planes.shape[0]:,} images")
-        if labels.size and (labels.min() < 0 or labels.max() > 255):
-            raise SourceError(f"{where}: labels outside 0..9")
-        labels = labels.astype(np.uint8)
+        labels, planes = _checked_batch(_unpickle(data, where), where)
     if labels.size == 0:
         raise SourceError(f"{where}: no images")
     if int(labels.max()) >= len(CLASS_NAMES):
@@ -223,7 +251,9 @@ def _from_archive(archive: Path, dest: Path, progress: Progress, *, label: str) 
     return found
 
 
-def _from_directory(directory: Path, dest: Path) -> dict[str, Path]:
+def _from_directory(directory: Path, dest: Path | None) -> dict[str, Path]:
+    """The batch files in ``directory`` (or its cifar-10-batches-* folder), copied into
+    ``dest`` when given, else where they lie."""
     wanted = _wanted_names()
     found: dict[str, Path] = {}
     folders = [directory] + [directory / str(spec.folder) for spec in FORMATS.values()]
@@ -233,8 +263,10 @@ def _from_directory(directory: Path, dest: Path) -> dict[str, Path]:
         for name in wanted:
             path = folder / name
             if path.is_file() and name not in found:
-                shutil.copyfile(path, dest / name)
-                found[name] = dest / name
+                if dest is not None:
+                    shutil.copyfile(path, dest / name)
+                    path = dest / name
+                found[name] = path
     return found
 
 
@@ -257,15 +289,66 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _download(url: str, dest: Path, progress: Progress) -> None:
-    import fsspec
+@dataclass(frozen=True)
+class _Gathered:
+    files: dict[str, Path]  # the batch (and meta) files of one format, by name
+    fmt: str
+    uri: str
+    archive_sha256: str | None
 
-    try:
-        with fsspec.open(url, "rb") as src, open(dest, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-    except (OSError, ValueError, ImportError) as exc:
-        raise SourceError(f"cannot fetch {url}: {exc}") from exc
-    progress(f"fetched {url} ({dest.stat().st_size:,} bytes)")
+
+def _gather(source: str, dest: Path, progress: Progress, *, copy: bool) -> _Gathered:
+    """Locate, fetch or extract the batches of ``source`` (dest receives what is copied;
+    a local directory's files are only copied when ``copy``)."""
+    remote = "://" in source and not source.startswith("file://")
+    path = Path(source.removeprefix("file://")).expanduser()
+    if not remote and not path.exists():
+        raise SourceError(f"--source {source}: no such file or directory")
+    uri = source if remote else path.resolve().as_uri()
+    archive_sha256: str | None = None
+    if remote:
+        archive = dest / "_download.tar.gz"
+        try:
+            archive_sha256, _size = download(source, archive, progress=progress)
+            found = _from_archive(archive, dest, progress, label=source)
+        finally:
+            archive.unlink(missing_ok=True)
+    elif path.is_dir():
+        found = _from_directory(path, dest if copy else None)
+    else:
+        archive_sha256 = _sha256(path)
+        found = _from_archive(path, dest, progress, label=source)
+    fmt = _format_of(found, source)
+    spec = FORMATS[fmt]
+    for name in list(found):  # the other format's strays, if any, are not kept
+        if name not in (*spec.batches, spec.meta):
+            stray = found.pop(name)
+            if stray.parent == dest:
+                stray.unlink()
+    return _Gathered(files=found, fmt=fmt, uri=uri, archive_sha256=archive_sha256)
+
+
+def read_cifar10(
+    source: str | Path, *, progress: Progress = lambda _msg: None
+) -> dict[str, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]]:
+    """{"train": (images, labels), "test": (images, labels)} of a directory of binary or python
+    batches, a .tar.gz of either, or a URL of such an archive.
+
+    Images are uint8 [n, 32, 32, 3] (HWC), labels uint8 [n]; train is data_batch_1..5 in order.
+    Archives are extracted (safely) into a temporary folder that is removed afterwards.
+    """
+    with tempfile.TemporaryDirectory(prefix="shardflow-cifar10-") as scratch:
+        gathered = _gather(str(source), Path(scratch), progress, copy=False)
+        spec = FORMATS[gathered.fmt]
+        out: dict[str, tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]] = {}
+        for split in ("train", "test"):
+            names = [b for b in spec.batches if b.startswith("test") == (split == "test")]
+            parts = [read_batch(gathered.files[name]) for name in names]
+            out[split] = (
+                np.concatenate([images for _labels, images in parts]),
+                np.concatenate([labels for labels, _images in parts]),
+            )
+    return out
 
 
 def ingest(
@@ -279,31 +362,10 @@ def ingest(
 
     The batch files are kept byte for byte; every one is read and checked before the commit.
     """
-    remote = "://" in source
-    path = Path(source).expanduser()
-    if not remote and not path.exists():
-        raise SourceError(f"--source {source}: no such file or directory")
-    uri = source if remote else path.resolve().as_uri()
-    archive_sha256: str | None = None
     with catalog.stage("cifar10", kind="raw") as stage:
-        if remote:
-            archive = stage.path / "_download.tar.gz"
-            try:
-                _download(source, archive, progress)
-                archive_sha256 = _sha256(archive)
-                found = _from_archive(archive, stage.path, progress, label=source)
-            finally:
-                archive.unlink(missing_ok=True)
-        elif path.is_dir():
-            found = _from_directory(path, stage.path)
-        else:
-            archive_sha256 = _sha256(path)
-            found = _from_archive(path, stage.path, progress, label=source)
-        fmt = _format_of(found, source)
+        gathered = _gather(source, stage.path, progress, copy=True)
+        found, fmt, archive_sha256 = gathered.files, gathered.fmt, gathered.archive_sha256
         spec = FORMATS[fmt]
-        for name in list(found):  # the other format's strays, if any, are not kept
-            if name not in (*spec.batches, spec.meta):
-                found.pop(name).unlink()
         file_rows: dict[str, int] = {}
         class_counts = {"train": [0] * 10, "test": [0] * 10}
         for name in spec.batches:
@@ -315,7 +377,7 @@ def ingest(
             progress(f"checked {name}: {labels.size:,} images")
         sources = [
             {
-                "uri": uri,
+                "uri": gathered.uri,
                 "file": name,
                 "sha256": _sha256(found[name]),
                 "bytes": found[name].stat().st_size,

@@ -161,6 +161,18 @@ def _copy(
     raise AssertionError("unreachable")
 
 
+def _transfer(
+    fs: fsspec.AbstractFileSystem, url: str, dest: Path, progress: Progress
+) -> tuple[str, int]:
+    """http(s): timeouts, retries, Range resume and progress (fetch.download); else fsspec."""
+    if url.lower().startswith(("http://", "https://")):
+        # Imported here: fetch builds on this module's SourceError.
+        from preprocessing.sources.fetch import download
+
+        return download(url, dest, progress=progress)
+    return _copy(fs, url, dest)
+
+
 def _cache_key(fs: fsspec.AbstractFileSystem, url: str) -> str:
     """Names one state of a remote file: its URL, size and modification stamp (or ETag)."""
     try:
@@ -185,7 +197,7 @@ def _fetch(
     """Fetch ``url`` to ``dest`` through the download cache: a file fetched whole before (by a
     run that then crashed, say) is not fetched again while the source is unchanged."""
     if cache is None:
-        return _copy(fs, url, dest)
+        return _transfer(fs, url, dest, progress)
     cache.mkdir(parents=True, exist_ok=True)
     key = _cache_key(fs, url)
     cached, recorded = cache / key, cache / f"{key}.sha256"
@@ -199,7 +211,7 @@ def _fetch(
             progress(f"reused {url} from the download cache")
             return digest.hexdigest(), cached.stat().st_size
     partial = cache / f"{key}.part"
-    sha256, size = _copy(fs, url, partial)
+    sha256, size = _transfer(fs, url, partial, progress)
     os.replace(partial, cached)  # whole or absent: a crash leaves at most a .part file
     recorded.write_text(sha256 + "\n")
     _place(cached, dest)

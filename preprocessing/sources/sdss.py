@@ -179,6 +179,11 @@ def parse_reply(text: str, *, where: str) -> Reply:
     if not body:
         raise SourceError(f"{where}: empty reply")
     lines = body.splitlines()
+    # SkyServer's error page (astroquery looks for "error_message" too), or a "CSV" whose
+    # first line is the error text.
+    first = lines[1] if lines[0].strip() == "#Table1" and len(lines) > 1 else lines[0]
+    if "error_message" in body or first.lstrip().lower().startswith("error"):
+        raise SourceError(f"{where}: SkyServer reported an error: {_one_line(body)}")
     if lines[0].strip() != "#Table1":
         raise SourceError(f"{where}: reply is not a '#Table1' CSV table: {_one_line(body)}")
     try:
@@ -363,7 +368,7 @@ def ingest_skyserver(
     skyserver_url: str = DEFAULT_SKYSERVER_URL,
     data_release: int = DEFAULT_DATA_RELEASE,
     limit: int | None = None,
-    page_size: int = DEFAULT_PAGE_SIZE,
+    page_size: int | None = None,
     bounds: Mapping[str, tuple[float, float]] = DEFAULT_BOUNDS,
     timeout: float = 120.0,
     progress: Progress = lambda _msg: None,
@@ -373,6 +378,9 @@ def ingest_skyserver(
     Counts first, then pages by (objid, specobjid); refuses (and commits nothing) when the rows
     fetched differ from the rows counted, or when any reply is empty or an error page.
     """
+    # Short replies are expected (the server's cap may be below the page size): pages are
+    # asked for by size and a reply shorter than asked just means "continue after its last key".
+    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
     if limit is not None and limit < 1:
         raise SourceError(f"limit {limit!r} must be a positive number of rows")
     if not 1 <= page_size <= 10_000_000:
@@ -521,7 +529,12 @@ def _export_files(source: str) -> list[Path]:
 def _match_columns(names: Sequence[str], where: str) -> tuple[dict[str, str], dict[str, str]]:
     """Map export column names onto SCHEMA (+ OPTIONAL), case-insensitively.
 
-    Returns (canonical name -> name in the file, canonical schema of this file)."""
+    Returns (canonical name -> name in the file, canonical schema of this file).
+
+    Only letter case is mapped (objID, specObjID, petroMag_u ... as CasJobs spells them). The
+    spectroscopic redshift must be called ``redshift``: a bare ``z`` is the z-band magnitude,
+    and an export with both as ``z`` is refused as a duplicate column, since which is which
+    cannot be told from the file."""
     for name in names:
         if not _IDENT.fullmatch(name):
             raise SourceError(f"{where}: column name {name[:40]!r} is not a plain identifier")
@@ -647,13 +660,19 @@ def _astropy_chunks(path: Path, fmt: str) -> Iterator[Chunk]:
     except Exception as exc:  # astropy raises many kinds for a corrupt file
         raise SourceError(f"{where}: unreadable {fmt.upper()}: {_one_line(str(exc))}") from exc
     mapping, schema = _match_columns(list(table.colnames), where)
-    columns: dict[str, npt.NDArray[Any] | list[str]] = {}
-    for name, kind in schema.items():
-        try:
-            columns[name] = _table_column(table, mapping[name], kind, where)
-        except (UnicodeError, ValueError, TypeError) as exc:
-            raise SourceError(f"{where}: column {mapping[name]}: {_one_line(str(exc))}") from exc
-    yield schema, columns
+    # FITS columns stay memory-mapped where astropy can (no scaling); converting a slice at a
+    # time keeps the typed copies to one chunk.
+    for start in range(0, len(table), _CSV_CHUNK):
+        part = table[start : start + _CSV_CHUNK]
+        columns: dict[str, npt.NDArray[Any] | list[str]] = {}
+        for name, kind in schema.items():
+            try:
+                columns[name] = _table_column(part, mapping[name], kind, where)
+            except (UnicodeError, ValueError, TypeError) as exc:
+                raise SourceError(
+                    f"{where}: column {mapping[name]}: {_one_line(str(exc))}"
+                ) from exc
+        yield schema, columns
 
 
 def ingest_exports(
@@ -675,6 +694,7 @@ def ingest_exports(
         total = 0
         synthetic = 0
         for number, path in enumerate(files, start=1):
+            synthetic_before = synthetic
             fmt = _export_format(path)
             assert fmt is not None
             chunks = _csv_chunks(path) if fmt == "csv" else _astropy_chunks(path, fmt)
@@ -706,6 +726,10 @@ def ingest_exports(
                     "rows": rows,
                 }
             )
+            # synth.py's rows say so in a provenance column; CasJobs exports have none.
+            marked = synthetic - synthetic_before
+            if marked:
+                sources[-1]["provenance"] = "synthetic" if marked == rows else "mixed"
             file_rows[out_name] = rows
             total += rows
             progress(f"{path.name}: {rows:,} rows ({fmt})")

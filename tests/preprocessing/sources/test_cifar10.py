@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+import re
 import struct
 import tarfile
 import zipfile
@@ -18,9 +19,6 @@ from numpy.typing import NDArray
 
 from data_catalog import Catalog, Manifest
 from preprocessing.sources import cifar10
-
-WHEEL = Path(__file__).parents[3] / ".cache/wheels/foolbox-3.3.4-py3-none-any.whl"
-PREFETCH = ".venv/bin/pip download --no-deps --only-binary=:all: -d .cache/wheels foolbox==3.3.4"
 
 
 def decode_png(data: bytes) -> NDArray[Any]:
@@ -70,11 +68,9 @@ def decode_png(data: bytes) -> NDArray[Any]:
 
 
 @pytest.fixture(scope="module")
-def real_images() -> tuple[NDArray[Any], NDArray[Any]]:
+def real_images(foolbox_wheel: Path) -> tuple[NDArray[Any], NDArray[Any]]:
     """The 20 real CIFAR-10 test images shipped in foolbox's wheel: (labels, HWC images)."""
-    if not WHEEL.exists():
-        pytest.fail(f"needs {WHEEL.name}: run `make test`, or `{PREFETCH}` in the repository")
-    with zipfile.ZipFile(WHEEL) as wheel:
+    with zipfile.ZipFile(foolbox_wheel) as wheel:
         names = sorted(n for n in wheel.namelist() if "/cifar10_" in n and n.endswith(".png"))
         images = np.stack([decode_png(wheel.read(n)) for n in names])
     labels = np.array([int(n.rsplit("_", 1)[1][0]) for n in names], dtype=np.uint8)
@@ -84,7 +80,7 @@ def real_images() -> tuple[NDArray[Any], NDArray[Any]]:
     except ImportError:
         pass
     else:  # the hand-written decoder agrees with Pillow's
-        with zipfile.ZipFile(WHEEL) as wheel:
+        with zipfile.ZipFile(foolbox_wheel) as wheel:
             pillow = np.stack([np.asarray(Image.open(io.BytesIO(wheel.read(n)))) for n in names])
         assert np.array_equal(pillow, images)
     return labels, images
@@ -269,7 +265,7 @@ def test_archive_over_http(tmp_path: Path, real_images: tuple[NDArray[Any], NDAr
         url = f"http://127.0.0.1:{server.server_address[1]}/cifar-10-python.tar.gz"
         catalog = Catalog(tmp_path / "catalog")
         manifest = cifar10.ingest(catalog, source=url)
-        with pytest.raises(cifar10.SourceError, match="cannot fetch"):
+        with pytest.raises(cifar10.SourceError, match=re.escape(url) + r"\.missing: HTTP 404"):
             cifar10.ingest(catalog, source=url + ".missing")
     finally:
         server.shutdown()
@@ -292,3 +288,82 @@ def test_pickle_fuzz_raises_only_source_error(tmp_path: Path, data: bytes) -> No
     path.write_bytes(data)
     with contextlib.suppress(cifar10.SourceError):
         cifar10.read_batch(path)
+
+
+@pytest.mark.parametrize("archived", [False, True])
+def test_read_cifar10_both_formats(
+    tmp_path: Path, real_images: tuple[NDArray[Any], NDArray[Any]], archived: bool
+) -> None:
+    labels, images = real_images
+    for fmt, writer in (("bin", write_binary), ("py", write_python)):
+        folder = writer(tmp_path / f"cifar-10-batches-{fmt}", labels, images)
+        source = tar_of(folder, tmp_path / f"{fmt}.tar.gz") if archived else folder
+        splits = cifar10.read_cifar10(source)
+        assert set(splits) == {"train", "test"}
+        train_images, train_labels = splits["train"]
+        test_images, test_labels = splits["test"]
+        assert train_images.dtype == np.uint8 and train_images.shape == (10, 32, 32, 3)
+        assert train_labels.dtype == np.uint8 and train_labels.shape == (10,)
+        assert np.array_equal(np.concatenate([train_images, test_images]), images)
+        assert np.array_equal(np.concatenate([train_labels, test_labels]), labels)
+
+
+def _batch(**changes: object) -> dict[bytes, object]:
+    batch: dict[bytes, object] = {
+        b"batch_label": b"training batch 1 of 5",
+        b"labels": [3, 8],
+        b"data": np.zeros((2, 3072), dtype=np.uint8),
+        b"filenames": [b"a.png", b"b.png"],
+    }
+    for key, value in changes.items():
+        if value is None:
+            del batch[key.encode()]
+        else:
+            batch[key.encode()] = value
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("batch", "message"),
+    [
+        (_batch(), None),
+        (_batch(batch_label=None, filenames=None), None),
+        ([1, 2], "pickle holds a list, not a CIFAR-10 dict"),
+        (_batch(extra=b"x"), "unexpected key"),
+        (_batch(labels=None), "lacks CIFAR-10's 'labels'"),
+        (_batch(labels=[True, False]), "labels are not a list of integers"),
+        (_batch(labels=(3, 8)), "labels are not a list of integers"),
+        (_batch(labels=[3]), "1 labels for 2 images"),
+        (_batch(labels=[3, 300]), r"labels outside 0\.\.9"),
+        (_batch(labels=[3, 10]), r"label 10 outside 0\.\.9"),
+        (_batch(data=np.zeros((2, 3072), dtype=np.int16)), "expected uint8"),
+        (_batch(data=np.zeros((2, 3071), dtype=np.uint8)), "expected uint8"),
+        (_batch(data=[[0] * 3072] * 2), "expected uint8"),
+        (_batch(filenames=[b"a.png"]), "1 filenames for 2 images"),
+        (_batch(filenames=[1, 2]), "filenames are not a list of texts"),
+        (_batch(batch_label=7), "batch_label is not text"),
+    ],
+)
+def test_pickle_structure_is_checked(tmp_path: Path, batch: object, message: str | None) -> None:
+    path = tmp_path / "data_batch_1"
+    for protocol in (2, 4):
+        path.write_bytes(pickle.dumps(batch, protocol=protocol))
+        if message is None:
+            labels, images = cifar10.read_batch(path)
+            assert labels.tolist() == [3, 8] and images.shape == (2, 32, 32, 3)
+        else:
+            with pytest.raises(cifar10.SourceError, match=rf"data_batch_1: .*{message}"):
+                cifar10.read_batch(path)
+
+
+def test_codecs_encode_only_for_latin1(tmp_path: Path) -> None:
+    # _codecs.encode(b"...", "hex") style tricks: the one non-numpy global is tied to latin-1.
+    payload = b"\x80\x02c_codecs\nencode\nX\x03\x00\x00\x00abcX\x06\x00\x00\x00base64\x86R."
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(payload)
+    with pytest.raises(cifar10.SourceError, match="allowed for latin-1 text only"):
+        cifar10.read_batch(path)
+    for module, name in (("builtins", "eval"), ("numpy", "load"), ("subprocess", "Popen")):
+        path.write_bytes(b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"q\x00.")
+        with pytest.raises(cifar10.SourceError, match=rf"global {module}\.{name} is not allowed"):
+            cifar10.read_batch(path)

@@ -245,6 +245,8 @@ def test_astroquery_recorded_replies(name: str) -> None:
         ("#Table1\na,A\n1,2\n", "appears twice"),
         ("#Table1\na b,c\n1,2\n", "not a plain identifier"),
         ("#Table1\na\n1\n#Table2\n", "more than one table"),
+        ("#Table1\nError: Query timed out\n", "SkyServer reported an error: .*timed out"),
+        ("<html><div class='error_message'>bad</div></html>", "reported an error: bad"),
     ],
 )
 def test_reply_parser_refusals(text: str, message: str) -> None:

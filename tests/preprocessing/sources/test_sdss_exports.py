@@ -100,6 +100,19 @@ def test_glob_and_csv_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert [e.row_groups for e in manifest.files] == [2, 3, 3]  # one per CSV chunk
 
 
+def test_fits_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sdss, "_CSV_CHUNK", 70)
+    lines = _lines(200)
+    write_fits(tmp_path / "part.fits", lines)
+    write_csv(tmp_path / "part.csv", lines)
+    catalog = Catalog(tmp_path / "catalog")
+    manifest = sdss.ingest_exports(catalog, source=str(tmp_path))
+    assert [(e.rows, e.row_groups) for e in manifest.files] == [(200, 3), (200, 3)]
+    tables = [pq.read_table(catalog.file_path(manifest, e)) for e in manifest.files]
+    assert tables[0].equals(tables[1])
+    assert all("provenance" not in s for s in manifest.sources)
+
+
 def _refused(tmp_path: Path, source: Path, message: str) -> None:
     catalog = Catalog(tmp_path / "catalog")
     with pytest.raises(sdss.SourceError, match=message) as info:

@@ -19,6 +19,7 @@ def _ingested(tmp_path: Path, fmt: str, rows: int, files: int) -> pa.Table:
     manifest = sdss.ingest_exports(catalog, source=str(tmp_path / fmt))
     assert manifest.rows == rows
     assert manifest.statistics["synthetic_rows"] == rows
+    assert [s["provenance"] for s in manifest.sources] == ["synthetic"] * files
     return pa.concat_tables(pq.read_table(catalog.file_path(manifest, e)) for e in manifest.files)
 
 
