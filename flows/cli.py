@@ -125,19 +125,35 @@ def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_synth(ctx: Context, args: argparse.Namespace) -> int:
-    from preprocessing.sources.synth import write_sdss_exports
-
     out = Path(args.out).expanduser().resolve()
-    paths = write_sdss_exports(
-        out, rows=args.rows, files=args.files, fmt=args.format, seed=args.seed
-    )
+    if args.dataset == "sdss":
+        from preprocessing.sources.synth import write_sdss_exports
+
+        paths = write_sdss_exports(
+            out, rows=args.rows, files=args.files, fmt=args.format, seed=args.seed
+        )
+        what = f"{args.rows:,} synthetic SDSS rows in {len(paths)} {args.format} files"
+    else:
+        from preprocessing.sources.mnist import DEBIAN_FASHION_MNIST
+        from preprocessing.sources.synth_images import write_image_set
+
+        pool = args.source or (DEBIAN_FASHION_MNIST if args.dataset == "fashion-mnist" else None)
+        if pool is None:
+            raise ShardflowError(f"synth {args.dataset} needs --source: a folder of real IDX files")
+        test_rows = args.test_rows or max(1, args.rows // 6)
+        paths = write_image_set(
+            args.dataset, Path(pool), out, train_rows=args.rows, test_rows=test_rows, seed=args.seed
+        )
+        what = f"{args.rows:,} + {test_rows:,} synthetic {args.dataset} images from {pool}"
     emit(
         ctx,
-        {"dataset": "sdss", "synthetic": True, "rows": args.rows, "files": [str(p) for p in paths]},
-        [
-            f"wrote {args.rows:,} synthetic SDSS rows in {len(paths)} {args.format} files "
-            f"under {out}"
-        ],
+        {
+            "dataset": args.dataset,
+            "synthetic": True,
+            "rows": args.rows,
+            "files": [str(p) for p in paths],
+        },
+        [f"wrote {what} under {out}"],
     )
     return 0
 
@@ -701,9 +717,23 @@ def build_parser() -> argparse.ArgumentParser:
     synth = commands.add_parser(
         "synth", help="write calibrated synthetic SDSS exports (CasJobs style), marked synthetic"
     )
-    synth.add_argument("dataset", choices=("sdss",), metavar="DATASET", help="sdss")
-    synth.add_argument("--rows", type=_positive, required=True, help="rows in all")
-    synth.add_argument("--files", type=_positive, default=1, help="files (default: 1)")
+    synth.add_argument(
+        "dataset",
+        choices=("sdss", *IMAGE_DATASETS),
+        metavar="DATASET",
+        help=f"one of: sdss, {', '.join(IMAGE_DATASETS)}",
+    )
+    synth.add_argument(
+        "--rows", type=_positive, required=True, help="rows in all (images: training rows)"
+    )
+    synth.add_argument("--test-rows", type=_positive, help="images: test rows (default: rows / 6)")
+    synth.add_argument(
+        "--source",
+        metavar="DIR",
+        help="images: the pool of real IDX files (default for fashion-mnist: "
+        "Debian's dataset-fashion-mnist)",
+    )
+    synth.add_argument("--files", type=_positive, default=1, help="sdss: files (default: 1)")
     synth.add_argument("--format", choices=("csv", "fits"), default="csv", help="default: csv")
     synth.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
     synth.add_argument("--seed", type=int, default=0, help="default: 0")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -334,7 +335,15 @@ def ingest(
                 errors.append(str(exc))
                 continue
             canonical = source is None
-            manifest = _commit(stage, dataset, sources, canonical=canonical, progress=progress)
+            provenance = _provenance(candidate)
+            manifest = _commit(
+                stage,
+                dataset,
+                sources,
+                canonical=canonical,
+                progress=progress,
+                provenance=provenance,
+            )
             fs, _ = _resolve(candidate)
             _forget(fs, [s["url"] for s in sources], download_cache)
             return manifest
@@ -344,6 +353,16 @@ def ingest(
     )
 
 
+def _provenance(source: str) -> dict[str, Any]:
+    """What SYNTHETIC.json beside the files says (written by `shardflow synth`), if present."""
+    fs, base = _resolve(source)
+    try:
+        marker = json.loads(fs.cat_file(_join(base, "SYNTHETIC.json")))
+    except (FileNotFoundError, OSError, ValueError):
+        return {"provenance": "real"}
+    return {"provenance": "synthetic", "synthetic": marker}
+
+
 def _commit(
     stage: Any,
     dataset: ImageSet,
@@ -351,6 +370,7 @@ def _commit(
     *,
     canonical: bool,
     progress: Progress,
+    provenance: dict[str, Any],
 ) -> Manifest:
     by_stem = {s["stem"]: stage.path / s["file"] for s in sources}
     if canonical:
@@ -395,6 +415,7 @@ def _commit(
             "train_rows": train.count,
             "test_rows": test.count,
             "canonical_digests_checked": canonical,
+            **provenance,
         },
         rows=train.count + test.count,
         file_rows=file_rows,

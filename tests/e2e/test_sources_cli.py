@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from preprocessing.sources import idx
 from tests.conftest import Result
 from tests.preprocessing.sources.skyserver_standin import (
     BIG_SPECOBJID,
@@ -77,3 +79,40 @@ def test_synthetic_exports_ingest_as_marked_rows(
     assert ingested.returncode == 0, ingested.stderr[-2000:]
     assert ingested.json["rows"] == 5_000
     assert ingested.json["synthetic_rows"] == 5_000
+
+
+def test_synthetic_images_from_the_real_pool_ingest_as_synthetic(
+    shardflow: Callable[..., Result], fashion_subset: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "synthetic-fashion"
+    written = shardflow(
+        "synth",
+        "fashion-mnist",
+        "--rows",
+        "600",
+        "--test-rows",
+        "100",
+        "--source",
+        str(fashion_subset),
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert written.returncode == 0, written.stderr
+    made = idx.read_records(out / "train-images-idx3-ubyte.gz")
+    pool = idx.read_records(fashion_subset / "train-images-idx3-ubyte.gz")
+    pool_bytes = {image.tobytes() for image in pool}
+    assert made.shape == (600, 28, 28)
+    assert not any(image.tobytes() in pool_bytes for image in made)  # no copies
+    labels = idx.read_records(out / "train-labels-idx1-ubyte.gz")
+    assert len(np.unique(labels)) == 10  # every class present
+
+    ingested = shardflow("ingest", "fashion-mnist", "--source", str(out), "--json")
+    assert ingested.returncode == 0, ingested.stderr[-2000:]
+    assert ingested.json["rows"] == 700
+    shown = shardflow("catalog", "show", "fashion-mnist", "--json").json
+    assert shown["statistics"]["provenance"] == "synthetic"
+
+    digits = shardflow("synth", "mnist", "--rows", "10", "--out", str(tmp_path / "d"))
+    assert digits.returncode == 1
+    assert "needs --source" in digits.stderr
