@@ -133,6 +133,16 @@ def cmd_synth(ctx: Context, args: argparse.Namespace) -> int:
             out, rows=args.rows, files=args.files, fmt=args.format, seed=args.seed
         )
         what = f"{args.rows:,} synthetic SDSS rows in {len(paths)} {args.format} files"
+    elif args.dataset == "cifar10":
+        from preprocessing.sources.synth_images import write_cifar10_set
+
+        if args.source is None:
+            raise ShardflowError("synth cifar10 needs --source: real CIFAR-10 batches to draw on")
+        test_rows = args.test_rows or max(1, args.rows // 5)
+        paths = write_cifar10_set(
+            args.source, out, train_rows=args.rows, test_rows=test_rows, seed=args.seed
+        )
+        what = f"{args.rows:,} + {test_rows:,} synthetic cifar10 images from {args.source}"
     else:
         from preprocessing.sources.mnist import DEBIAN_FASHION_MNIST
         from preprocessing.sources.synth_images import write_image_set
@@ -719,9 +729,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     synth.add_argument(
         "dataset",
-        choices=("sdss", *IMAGE_DATASETS),
+        choices=("sdss", *IMAGE_DATASETS, "cifar10"),
         metavar="DATASET",
-        help=f"one of: sdss, {', '.join(IMAGE_DATASETS)}",
+        help=f"one of: sdss, {', '.join(IMAGE_DATASETS)}, cifar10",
     )
     synth.add_argument(
         "--rows", type=_positive, required=True, help="rows in all (images: training rows)"

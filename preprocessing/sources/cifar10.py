@@ -402,6 +402,10 @@ def ingest(
                 "train_rows": train,
                 "test_rows": test,
                 "class_counts": class_counts,
+                # Written by `shardflow synth cifar10` beside the batches it makes.
+                "provenance": "synthetic"
+                if (Path(source).expanduser() / "SYNTHETIC.json").is_file()
+                else "real",
             },
             rows=train + test,
             file_rows=file_rows,

@@ -9,6 +9,7 @@ ingest records as the version's provenance.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -18,6 +19,19 @@ import numpy.typing as npt
 from data_catalog.errors import ShardflowError
 from preprocessing.sources import idx
 from preprocessing.sources.mnist import FILE_STEMS, image_set
+
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
 
 MARKER = "SYNTHETIC.json"
 MAX_SHIFT = 2
@@ -31,9 +45,9 @@ def _transform(
         flip = flips and bool(rng.integers(0, 2))
         if dy or dx or flip:
             break  # never an unchanged copy
-    out = image[:, ::-1] if flip else image
+    out = image[:, ::-1] if flip else image  # mirrors columns, for 2-D and HWC images alike
     shifted = np.zeros_like(out)
-    rows, cols = out.shape
+    rows, cols = out.shape[:2]
     shifted[max(dy, 0) : rows + min(dy, 0), max(dx, 0) : cols + min(dx, 0)] = out[
         max(-dy, 0) : rows + min(-dy, 0), max(-dx, 0) : cols + min(-dx, 0)
     ]
@@ -105,3 +119,51 @@ def write_image_set(
         )
     )
     return [*written, marker]
+
+
+def write_cifar10_set(
+    pool: str, dest: Path, *, train_rows: int, test_rows: int, seed: int = 0
+) -> list[Path]:
+    """CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin) of synthetic images made
+    from the real images in ``pool`` (anything `shardflow ingest cifar10` reads)."""
+    from preprocessing.sources.cifar10 import read_cifar10
+
+    if train_rows < 5 or test_rows < 1:
+        raise ShardflowError("cifar10 needs --rows of at least 5 (five training batches)")
+    real = read_cifar10(pool)
+    # A pool may hold test images only (the 20 real ones at hand): then both splits draw on it.
+    train_pool = real["train"] if len(real["train"][1]) else real["test"]
+    rng = np.random.default_rng(seed)
+    dest.mkdir(parents=True, exist_ok=True)
+    train_images, train_labels = _split(rng, *train_pool, train_rows, flips=True)
+    test_images, test_labels = _split(rng, *real["test"], test_rows, flips=True)
+    written = []
+    bounds = np.linspace(0, train_rows, 6).astype(int)
+    batches = [
+        (f"data_batch_{i + 1}.bin", train_images[a:b], train_labels[a:b])
+        for i, (a, b) in enumerate(itertools.pairwise(bounds))
+    ]
+    batches.append(("test_batch.bin", test_images, test_labels))
+    for name, images, labels in batches:
+        records = np.concatenate(
+            [labels.reshape(-1, 1), images.transpose(0, 3, 1, 2).reshape(len(labels), -1)], axis=1
+        ).astype(np.uint8)
+        path = dest / name
+        path.write_bytes(records.tobytes())  # 1 label byte + 3,072 channel-major pixels each
+        written.append(path)
+    meta = dest / "batches.meta.txt"
+    meta.write_text("\n".join(CIFAR10_CLASSES) + "\n")
+    marker = dest / MARKER
+    marker.write_text(
+        json.dumps(
+            {
+                "synthetic": True,
+                "dataset": "cifar10",
+                "pool": pool,
+                "seed": seed,
+                "transforms": "shift up to 2 px, flip",
+            },
+            indent=2,
+        )
+    )
+    return [*written, meta, marker]

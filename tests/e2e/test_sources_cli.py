@@ -116,3 +116,11 @@ def test_synthetic_images_from_the_real_pool_ingest_as_synthetic(
     digits = shardflow("synth", "mnist", "--rows", "10", "--out", str(tmp_path / "d"))
     assert digits.returncode == 1
     assert "needs --source" in digits.stderr
+
+
+def test_synth_cifar10_needs_a_real_pool(shardflow: Callable[..., Result], tmp_path: Path) -> None:
+    result = shardflow("synth", "cifar10", "--rows", "5", "--out", str(tmp_path / "c"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "shardflow: error: synth cifar10 needs --source: real CIFAR-10 batches to draw on"
+    )

@@ -367,3 +367,24 @@ def test_codecs_encode_only_for_latin1(tmp_path: Path) -> None:
         path.write_bytes(b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"q\x00.")
         with pytest.raises(cifar10.SourceError, match=rf"global {module}\.{name} is not allowed"):
             cifar10.read_batch(path)
+
+
+def test_synthetic_cifar10_from_the_real_images(
+    real_images: tuple[NDArray[Any], NDArray[Any]], tmp_path: Path
+) -> None:
+    from preprocessing.sources.synth_images import write_cifar10_set
+
+    labels, images = real_images
+    pool = write_binary(tmp_path / "pool", labels, images)
+    out = tmp_path / "synthetic"
+    write_cifar10_set(str(pool), out, train_rows=50, test_rows=10, seed=1)
+    made = cifar10.read_cifar10(out)
+    assert made["train"][0].shape == (50, 32, 32, 3)
+    assert made["test"][0].shape == (10, 32, 32, 3)
+    real = {image.tobytes() for image in images}
+    assert not any(image.tobytes() in real for image in made["train"][0])  # no copies
+    assert set(made["train"][1]) <= set(labels)
+
+    manifest = cifar10.ingest(Catalog(tmp_path / "catalog"), source=str(out))
+    assert manifest.rows == 60
+    assert manifest.statistics["provenance"] == "synthetic"
