@@ -66,7 +66,8 @@ class _Reporter:
             self.last_tenth = max(tenth, self.last_tenth)
 
 
-def _sha256(path: Path) -> tuple[str, int]:
+def sha256_file(path: Path) -> tuple[str, int]:
+    """(sha256 hex, bytes) of a local file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
@@ -205,7 +206,7 @@ def download(
                 time.sleep(wait)
                 continue
             os.replace(partial, dest)
-            digest, size = _sha256(dest)
+            digest, size = sha256_file(dest)
             progress(f"{url}: fetched {size:,} bytes")
             return digest, size
         raise DownloadError(

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest
+from preprocessing.sources.fetch import sha256_file
 from preprocessing.sources.mnist import SourceError
 
 __all__ = [
@@ -563,16 +564,6 @@ def _match_columns(names: Sequence[str], where: str) -> tuple[dict[str, str], di
     return mapping, {n: wanted[n] for n in mapping}
 
 
-def _sha256_file(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
 def _csv_chunks(path: Path) -> Iterator[Chunk]:
     """(schema, columns) chunks of a CasJobs CSV export (an optional "#Table1" line first)."""
     where = str(path)
@@ -715,7 +706,7 @@ def ingest_exports(
                     writer.close()
             if writer is None or rows == 0:
                 raise SourceError(f"{path}: no rows")
-            digest, size = _sha256_file(path)
+            digest, size = sha256_file(path)
             sources.append(
                 {
                     "uri": path.resolve().as_uri(),

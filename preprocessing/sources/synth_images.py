@@ -20,19 +20,6 @@ from data_catalog.errors import ShardflowError
 from preprocessing.sources import idx
 from preprocessing.sources.mnist import FILE_STEMS, image_set
 
-CIFAR10_CLASSES = (
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-)
-
 MARKER = "SYNTHETIC.json"
 MAX_SHIFT = 2
 
@@ -126,7 +113,7 @@ def write_cifar10_set(
 ) -> list[Path]:
     """CIFAR-10 binary batches (data_batch_1..5.bin, test_batch.bin) of synthetic images made
     from the real images in ``pool`` (anything `shardflow ingest cifar10` reads)."""
-    from preprocessing.sources.cifar10 import read_cifar10
+    from preprocessing.sources.cifar10 import CLASS_NAMES, read_cifar10
 
     if train_rows < 5 or test_rows < 1:
         raise ShardflowError("cifar10 needs --rows of at least 5 (five training batches)")
@@ -152,7 +139,7 @@ def write_cifar10_set(
         path.write_bytes(records.tobytes())  # 1 label byte + 3,072 channel-major pixels each
         written.append(path)
     meta = dest / "batches.meta.txt"
-    meta.write_text("\n".join(CIFAR10_CLASSES) + "\n")
+    meta.write_text("\n".join(CLASS_NAMES) + "\n")
     marker = dest / MARKER
     marker.write_text(
         json.dumps(
