@@ -2,9 +2,14 @@
 
 Training ranks take whole row groups (petastorm assigns row group ``i`` to rank
 ``i % num_ranks``), so every row group of a training split holds the same number of rows and
-their count is a multiple of ``rank_multiple``: then 1, 2, 4, ... ``rank_multiple`` ranks all
-get equal rows. Rows that do not fit that shape are dropped from the end of the split, and the
-count is recorded ("drop" policy). Evaluation splits are written whole.
+their count is a multiple of ``rank_multiple`` (64 by default): then 1, 2, 4, ... 64 ranks all
+get equal rows. Rows that do not fit that shape are either dropped from the end of the split
+("drop") or the split is filled up by repeating its first rows ("pad"); the policy and the count
+are recorded in the manifest. Evaluation splits are written whole.
+
+A shard's ``start`` and ``rows`` are positions in its split's sequence of rows; which source
+rows make up that sequence (a hash split, see :mod:`preprocessing.splits`) is the writer's
+business. With "pad", positions at or past the split's size wrap around to its start.
 """
 
 from __future__ import annotations
@@ -20,14 +25,26 @@ class PlanConfig:
     """Row groups are about this size (the unit a rank reads and shuffles)."""
     target_rows_per_shard: int = 10_000
     """Shards (files, one Dask task each) are about this many rows."""
-    rank_multiple: int = 8
+    rank_multiple: int = 64
     """Training row-group counts are multiples of this, so that up to this many ranks (and
     every divisor) get equal rows."""
+    remainder: str = "drop"
+    """What to do with training rows that do not fill equal row groups: "drop" them (each
+    remaining sample is read exactly once per epoch) or "pad" by repeating the first rows
+    (every sample is read, a few twice)."""
 
     def __post_init__(self) -> None:
         for field in ("target_rows_per_group", "target_rows_per_shard", "rank_multiple"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be at least 1")
+        if self.remainder not in REMAINDER_POLICIES:
+            raise ValueError(
+                f"unknown remainder policy {self.remainder!r}; known: "
+                + ", ".join(REMAINDER_POLICIES)
+            )
+
+
+REMAINDER_POLICIES = ("drop", "pad")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,19 +74,37 @@ class SplitPlan:
     num_row_groups: int
     dropped_rows: int
     shards: tuple[Shard, ...]
+    padded_rows: int = 0
+    policy: str = "whole"
 
     @property
     def rows(self) -> int:
-        return self.source_rows - self.dropped_rows
+        """Rows written (padding included)."""
+        return self.source_rows - self.dropped_rows + self.padded_rows
+
+    def statistics(self) -> dict[str, int | str]:
+        """What the manifest records of this split."""
+        return {
+            "rows": self.rows,
+            "source_rows": self.source_rows,
+            "dropped_rows": self.dropped_rows,
+            "padded_rows": self.padded_rows,
+            "rows_per_group": self.rows_per_group,
+            "num_row_groups": self.num_row_groups,
+            "num_shards": len(self.shards),
+            "policy": self.policy,
+        }
 
 
 def equal_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:
     """(rows per group, number of groups) for a training split.
 
-    The number of groups is a multiple of ``rank_multiple``; among the shapes that drop the
-    fewest rows, the one whose group size is nearest the target wins.
+    The number of groups is a multiple of ``rank_multiple``; among the shapes that drop (or
+    pad) the fewest rows, the one whose group size is nearest the target wins.
     """
     multiple = config.rank_multiple
+    if config.remainder == "pad":
+        return _padded_groups(num_rows, config)
     if num_rows < multiple:
         raise ValueError(
             f"{num_rows} training rows cannot fill {multiple} equal row groups; "
@@ -92,6 +127,29 @@ def equal_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:
             break  # far smaller groups than wanted: stop searching
         num_groups += multiple
     assert best is not None
+    return best[2], best[3]
+
+
+def _padded_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:
+    multiple = config.rank_multiple
+    if num_rows < 1:
+        raise ValueError("no training rows to pad")
+    best: tuple[int, int, int, int] | None = None  # (padded, distance, rows_per_group, groups)
+    num_groups = multiple
+    while True:
+        rows_per_group = -(-num_rows // num_groups)
+        padded = rows_per_group * num_groups - num_rows
+        key = (
+            padded,
+            abs(rows_per_group - config.target_rows_per_group),
+            rows_per_group,
+            num_groups,
+        )
+        if best is None or key < best:
+            best = key
+        if rows_per_group <= max(1, config.target_rows_per_group // 4):
+            break
+        num_groups += multiple
     return best[2], best[3]
 
 
@@ -125,8 +183,10 @@ def plan_training_split(split: str, num_rows: int, config: PlanConfig) -> SplitP
         source_rows=num_rows,
         rows_per_group=rows_per_group,
         num_row_groups=num_groups,
-        dropped_rows=num_rows - kept,
+        dropped_rows=max(0, num_rows - kept),
+        padded_rows=max(0, kept - num_rows),
         shards=_cut(split, 0, kept, rows_per_group, config),
+        policy=config.remainder,
     )
 
 
