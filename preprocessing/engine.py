@@ -19,12 +19,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from data_catalog import Manifest, Staging
 from data_catalog.errors import ShardflowError
+from preprocessing.plan import PlanConfig
 
 Progress = Callable[[str], None]
 Result = dict[str, Any]
@@ -48,6 +49,32 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ShardflowError(f"--workers must be at least 1, got {self.workers}")
+
+
+FORMATS = ("parquet", "petastorm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """What a user chooses about the output (all part of the version's identity)."""
+
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    format: str | None = None
+    """"parquet" (read with petastorm's make_batch_reader) or "petastorm" (a Unischema
+    dataset read with make_reader); None: the dataset's default."""
+    validation_fraction: float | None = None
+    """Share of the training source hashed into the validation split; None: the dataset's
+    default."""
+    test_fraction: float | None = None
+    """Share hashed into the test split, for sources without an official test split."""
+
+    def __post_init__(self) -> None:
+        if self.format is not None and self.format not in FORMATS:
+            raise ShardflowError(f"unknown format {self.format!r}; known: {', '.join(FORMATS)}")
+        for name in ("validation_fraction", "test_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1:
+                raise ShardflowError(f"--{name.replace('_', '-')} must be in [0, 1), got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,11 +172,10 @@ def run_tasks(
     for number, spec in [item for _, item in zip(range(window), pending, strict=False)]:
         submit(number, spec)
     results: list[Result | None] = [None] * len(tasks)
-    done = rows = 0
+    rows = 0
     total_rows = sum(t.rows for t in tasks)
-    for future in futures:
+    for done, future in enumerate(futures, start=1):
         results[position[future.key]] = future.result()
-        done += 1
         rows += tasks[position[future.key]].rows
         counted = f", {rows:,}/{total_rows:,} rows" if total_rows else ""
         progress(f"preprocess: {label} {done}/{len(tasks)}{counted}")
@@ -220,10 +246,15 @@ def crash_point(where: str, path: Path) -> None:
     if not spec or not spec.startswith(where + ":"):
         return
     import fcntl
+    import hashlib
     import signal
+    import tempfile
 
     nth = int(spec.split(":", 1)[1])
-    marker = path.parent.parent / ".crash-counter"
+    job_folder = str(path.parent.parent.resolve())
+    marker = Path(tempfile.gettempdir()) / (
+        "shardflow-crash-" + hashlib.sha256(job_folder.encode()).hexdigest()[:16]
+    )
     with open(marker, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
