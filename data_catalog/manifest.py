@@ -95,6 +95,15 @@ class Manifest:
         }
         return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
+    def content_digest(self) -> str:
+        """sha256 of everything the manifest says except when it was written: two runs that
+        produced the same version, files, schema and statistics have the same digest."""
+        import hashlib
+
+        data = json.loads(self.to_json())
+        del data["created"]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         """Parse a manifest; raise :class:`CatalogError` if it is garbled or of another format."""
