@@ -15,7 +15,8 @@ from typing import Any
 from data_catalog.errors import ShardflowError
 
 IMAGE_DATASETS = ("mnist", "fashion-mnist")
-# Sources that can be ingested; preprocessing and training take the IDX image sets for now.
+# Every dataset can be ingested, preprocessed and trained on; `run` (one Prefect flow from
+# ingest to model) takes the image sets that need no --source.
 SOURCES = (*IMAGE_DATASETS, "cifar10", "sdss")
 DEFAULT_HOME = "~/.shardflow"
 
@@ -177,15 +178,18 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
         workers=args.workers,
         scheduler=args.scheduler,
         work_dir=ctx.work_dir,
-        rank_multiple=args.rank_multiple,
+        options=_job_options(args),
         progress=ctx.progress,
     )
+    splits = ", ".join(f"{n:,} {split}" for split, n in _split_rows(result).items())
+    quarantined = result.get("quarantine", {}).get("rows")
     emit(
         ctx,
         result,
         [
-            f"{result['name']}@{result['version']}: {result['rows']:,} rows in "
-            f"{result['num_files']} Parquet shards"
+            f"{result['name']}@{result['version']}: {splits} rows in {result['num_files']} "
+            f"files ({result['format']})"
+            + (f"; {quarantined:,} rows quarantined" if quarantined is not None else "")
         ],
     )
     return 0
@@ -220,11 +224,35 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         source=args.source,
         workers=args.workers,
         scheduler=args.scheduler,
-        rank_multiple=args.rank_multiple,
+        options=_job_options(args),
         train=TrainConfig(**_train_options(args)),
     )
     emit(ctx, result, _train_summary(result))
     return 0
+
+
+def _split_rows(result: dict[str, Any]) -> dict[str, int]:
+    return {split: int(stats["rows"]) for split, stats in result["splits"].items()}
+
+
+def _job_options(args: argparse.Namespace) -> Any:
+    from preprocessing.engine import JobOptions
+    from preprocessing.plan import PlanConfig
+
+    try:
+        plan = PlanConfig(
+            rank_multiple=args.rank_multiple,
+            remainder=args.remainder,
+            target_rows_per_group=args.rows_per_group,
+        )
+    except ValueError as exc:
+        raise ShardflowError(str(exc)) from exc
+    return JobOptions(
+        plan=plan,
+        format=args.format,
+        validation_fraction=args.validation_fraction,
+        test_fraction=args.test_fraction,
+    )
 
 
 def _train_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -537,12 +565,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_dataset(parser: argparse.ArgumentParser) -> None:
+def _add_dataset(parser: argparse.ArgumentParser, choices: tuple[str, ...] = SOURCES) -> None:
     parser.add_argument(
         "dataset",
-        choices=IMAGE_DATASETS,
+        choices=choices,
         metavar="DATASET",
-        help=f"one of: {', '.join(IMAGE_DATASETS)}",
+        help=f"one of: {', '.join(choices)}",
     )
 
 
@@ -559,14 +587,59 @@ def _add_ingest_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
 def _add_preprocess_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rank-multiple",
         type=_positive,
-        default=8,
+        default=64,
         metavar="M",
-        help="training row groups are equal and their count a multiple of M, so that M ranks "
-        "(and its divisors) get equal rows; rows beyond are dropped and counted (default: 8)",
+        help="training row groups are equal and their count a multiple of M, so that up to M "
+        "ranks (any divisor of M) get equal, whole row groups (default: 64)",
+    )
+    parser.add_argument(
+        "--remainder",
+        choices=("drop", "pad"),
+        default="drop",
+        help="training rows that do not fill equal row groups: drop them (every sample read "
+        "once per epoch) or pad by repeating the first rows; counted in the manifest "
+        "(default: drop)",
+    )
+    parser.add_argument(
+        "--rows-per-group",
+        type=_positive,
+        default=1000,
+        metavar="N",
+        help="target rows per row group, the unit a rank reads (default: 1000)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("parquet", "petastorm"),
+        help="parquet (petastorm make_batch_reader) or a Petastorm dataset with a Unischema "
+        "(make_reader); default: petastorm for cifar10, parquet for the others",
+    )
+    parser.add_argument(
+        "--validation-fraction",
+        type=_fraction,
+        metavar="F",
+        help="share of the training source hashed (by sample id) into the validation split "
+        "(default: 0.05 for images, 0.1 for sdss)",
+    )
+    parser.add_argument(
+        "--test-fraction",
+        type=_fraction,
+        metavar="F",
+        help="share hashed into the test split, for sources without an official one "
+        "(sdss; default 0.1)",
     )
     parser.add_argument(
         "--workers",
@@ -686,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=cmd_train)
 
     run = commands.add_parser("run", help="ingest, preprocess and train as one Prefect flow run")
-    _add_dataset(run)
+    _add_dataset(run, IMAGE_DATASETS)
     _add_ingest_options(run)
     _add_preprocess_options(run)
     _add_train_options(run)

@@ -2,7 +2,7 @@
 
     shardflow-pipeline
       ├─ shardflow-ingest       task fetch-and-check; progress + table of fetched files
-      ├─ shardflow-preprocess   one write-shard task per shard on a DaskTaskRunner;
+      ├─ shardflow-preprocess   scan tasks, then one write task per shard, on a DaskTaskRunner;
       │                         progress, table of shards, summary with the Dask dashboard
       └─ shardflow-train        task horovodrun (its output streamed into the flow's logs);
                                 table of per-epoch metrics, summary
@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -26,6 +28,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
@@ -34,8 +37,8 @@ from prefect_dask import DaskTaskRunner
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
 from flows import stages
-from preprocessing.images import ClusterConfig, commit_job, job_dir, plan_job, write_shard
-from preprocessing.plan import PlanConfig, Shard
+from preprocessing.engine import ClusterConfig, JobOptions, Result, TaskSpec, job_dir
+from preprocessing.jobs import plan as plan_preprocessing
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
 
@@ -142,9 +145,10 @@ def ingest_flow(dataset: str, home: str | None = None, source: str | None = None
 # --- preprocess ----------------------------------------------------------------------------
 
 
-@task(name="write-shard", task_run_name="write-{shard.split}-{shard.index:05d}")
-def write_shard_task(images: str, labels: str, shard: Shard, out_dir: str) -> dict[str, Any]:
-    return write_shard(images, labels, shard, out_dir)
+@task(name="preprocess-task", task_run_name="{key}", cache_policy=NO_CACHE)
+def preprocess_task(key: str, fn: Callable[..., Result], args: tuple[Any, ...]) -> Result:
+    """One scan or write task of a preprocessing job (see preprocessing.engine)."""
+    return fn(*args)
 
 
 def _dask_runner(cluster: ClusterConfig) -> DaskTaskRunner:
@@ -162,20 +166,40 @@ def _dask_runner(cluster: ClusterConfig) -> DaskTaskRunner:
     )
 
 
+def _run_in_window(
+    specs: Sequence[TaskSpec], workers: int, on_done: Callable[[int, int], None]
+) -> list[Result]:
+    """Submit ``specs`` as task runs, a bounded window in flight; results in spec order."""
+    results: list[Result | None] = [None] * len(specs)
+    size = 2 * max(workers, 1)
+    done = 0
+    for first in range(0, len(specs), size):
+        futures = {
+            preprocess_task.submit(spec.key, spec.fn, spec.args): first + offset
+            for offset, spec in enumerate(specs[first : first + size])
+        }
+        for future in as_completed(list(futures)):
+            number = futures[future]
+            results[number] = future.result()
+            done += 1
+            on_done(done, specs[number].rows)
+    return [r for r in results if r is not None]
+
+
 @flow(name="shardflow-preprocess", task_runner=_dask_runner(ClusterConfig()))
 def preprocess_flow(
     dataset: str,
     home: str | None = None,
     workers: int = 2,
     scheduler: str | None = None,
-    rank_multiple: int = 8,
+    options: JobOptions | None = None,
 ) -> dict[str, Any]:
-    """The latest raw version → Parquet shards, one Dask task run per shard."""
+    """The latest raw version → processed shards: scan and write task runs on Dask."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
     logger = get_run_logger()
     catalog = _catalog(home)
-    job = plan_job(catalog, dataset, PlanConfig(rank_multiple=rank_multiple))
+    job = plan_preprocessing(catalog, dataset, options or JobOptions())
     if catalog.exists(job.name, job.version):
         logger.info("%s@%s already in the catalog; nothing to do", job.name, job.version)
         return stages.preprocess_result(dataset, catalog.get(job.name, job.version))
@@ -184,56 +208,65 @@ def preprocess_flow(
     runner = context.task_runner if context else None
     dashboard = getattr(getattr(runner, "client", None), "dashboard_link", None)
     logger.info("Dask dashboard: %s", dashboard)
-    shards = job.shards
+    # Files go to the job's own folder: a rerun after a crash keeps the finished ones.
+    work = job_dir(Path(home) / "work", job)
+    work.mkdir(parents=True, exist_ok=True)
     artifact = create_progress_artifact(
-        progress=0.0,
-        key=_key(dataset, "preprocess-progress"),
-        description=f"0/{len(shards)} shards, 0/{job.rows:,} rows",
+        progress=0.0, key=_key(dataset, "preprocess-progress"), description="scanning the input"
     )
-    written: list[dict[str, Any]] = []
-    # Shards go to the job's own folder: a rerun after a crash keeps the finished ones.
-    shards_dir = job_dir(Path(home) / "work", job)
-    shards_dir.mkdir(parents=True, exist_ok=True)
+    scan_specs = job.scan_tasks(work)
+    scans = _run_in_window(
+        scan_specs,
+        workers,
+        lambda done, _rows: update_progress_artifact(
+            artifact,
+            progress=10.0 * done / len(scan_specs),
+            description=f"scan: {done}/{len(scan_specs)} input pieces",
+        ),
+    )
+    write_specs = job.write_tasks(scans, work)
+    total_rows = sum(s.rows for s in write_specs)
+    rows_done = [0]
+
+    def on_written(done: int, rows: int) -> None:
+        rows_done[0] += rows
+        update_progress_artifact(
+            artifact,
+            progress=10.0 + 90.0 * done / len(write_specs),
+            description=f"{done}/{len(write_specs)} shards, {rows_done[0]:,}/{total_rows:,} rows",
+        )
+
+    written = _run_in_window(write_specs, workers, on_written)
     with catalog.stage(job.name, kind="processed") as stage:
-        # A bounded window of shards in flight, so that memory does not grow with their number.
-        size = 2 * max(workers, 1)
-        for window in (shards[i : i + size] for i in range(0, len(shards), size)):
-            futures = [
-                write_shard_task.submit(
-                    job.images[s.split], job.labels[s.split], s, str(shards_dir)
-                )
-                for s in window
-            ]
-            for future in as_completed(futures):
-                written.append(future.result())
-                rows = sum(int(r["rows"]) for r in written)
-                nbytes = sum(int(r["bytes"]) for r in written)
-                update_progress_artifact(
-                    artifact,
-                    progress=100.0 * len(written) / len(shards),
-                    description=(
-                        f"{len(written)}/{len(shards)} shards, {rows:,}/{job.rows:,} rows, "
-                        f"{nbytes:,} bytes"
-                    ),
-                )
-        manifest = commit_job(job, stage, sorted(written, key=lambda r: str(r["path"])), shards_dir)
+        manifest = job.commit(stage, scans, written, work)
+    shutil.rmtree(work, ignore_errors=True)
     create_table_artifact(
         key=_key(dataset, "shards"),
         table=[
             {"path": f.path, "rows": f.rows, "row_groups": f.row_groups, "bytes": f.bytes}
             for f in manifest.files
         ],
-        description=f"{manifest.name}@{manifest.version}: Parquet shards",
+        description=f"{manifest.name}@{manifest.version}: output files",
     )
     create_markdown_artifact(
         key=_key(dataset, "preprocess-summary"),
         markdown=(
             f"## {manifest.name}@{manifest.version}\n\n"
-            f"- {manifest.rows:,} rows in {len(manifest.files)} Parquet shards, "
-            f"parent `{manifest.parents[0]}`\n"
+            f"- {manifest.rows:,} rows in {len(manifest.files)} files "
+            f"({manifest.schema.get('format', 'parquet')}), parent `{manifest.parents[0]}`\n"
             f"- training row groups: {manifest.statistics['train']['num_row_groups']} of "
             f"{manifest.statistics['train']['rows_per_group']} rows\n"
-            f"- Dask dashboard: {dashboard}\n"
+            + "".join(
+                f"- {split}: {manifest.statistics[split]['rows']:,} rows\n"
+                for split in ("validation", "test")
+                if split in manifest.statistics
+            )
+            + (
+                f"- quarantined: {manifest.statistics['quarantine']['rows']:,} rows\n"
+                if "quarantine" in manifest.statistics
+                else ""
+            )
+            + f"- Dask dashboard: {dashboard}\n"
             f"- catalog: `shardflow catalog show {manifest.name}@{manifest.version}`\n"
         ),
     )
@@ -256,7 +289,7 @@ def _share_api_with_dask_workers() -> None:
 
 
 def run_preprocess_flow(
-    dataset: str, home: str, workers: int, scheduler: str | None, rank_multiple: int
+    dataset: str, home: str, workers: int, scheduler: str | None, options: JobOptions
 ) -> dict[str, Any]:
     """The preprocess flow on a Dask cluster of the asked shape."""
     _share_api_with_dask_workers()
@@ -266,7 +299,7 @@ def run_preprocess_flow(
         home=home,
         workers=workers,
         scheduler=scheduler,
-        rank_multiple=rank_multiple,
+        options=options,
     )
     return result
 
@@ -367,14 +400,14 @@ def pipeline(
     source: str | None = None,
     workers: int = 2,
     scheduler: str | None = None,
-    rank_multiple: int = 8,
+    options: JobOptions | None = None,
     train: TrainConfig | None = None,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a flow run of its own under this one."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
     raw = ingest_flow(dataset=dataset, home=home, source=source)
-    processed = run_preprocess_flow(dataset, home, workers, scheduler, rank_multiple)
+    processed = run_preprocess_flow(dataset, home, workers, scheduler, options or JobOptions())
     trained = train_flow(dataset=dataset, home=home, config=train)
     return {
         **trained,

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from data_catalog import Catalog, Manifest
-from preprocessing.images import ClusterConfig, PreprocessConfig
-from preprocessing.images import preprocess as preprocess_images
-from preprocessing.plan import PlanConfig
+from preprocessing.engine import ClusterConfig, JobOptions
+from preprocessing.jobs import PreprocessConfig
+from preprocessing.jobs import preprocess as run_preprocessing
 from preprocessing.sources import cifar10, mnist, sdss
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
@@ -70,7 +70,17 @@ def preprocess_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
         "parent": str(manifest.parents[0]),
         "rows": manifest.rows,
         "num_files": len(manifest.files),
-        "splits": manifest.statistics,
+        "format": manifest.schema.get("format", "parquet"),
+        "splits": {
+            split: manifest.statistics[split]
+            for split in ("train", "validation", "test")
+            if split in manifest.statistics
+        },
+        **{
+            key: manifest.statistics[key]
+            for key in ("normalization", "quarantine", "rows_in")
+            if key in manifest.statistics
+        },
     }
 
 
@@ -124,13 +134,13 @@ def preprocess(
     scheduler: str | None,
     progress: Progress,
     work_dir: Path,
-    rank_multiple: int = PlanConfig().rank_multiple,
+    options: JobOptions | None = None,
 ) -> dict[str, Any]:
     config = PreprocessConfig(
-        plan=PlanConfig(rank_multiple=rank_multiple),
+        options=options or JobOptions(),
         cluster=ClusterConfig(workers=workers, scheduler=scheduler, work_dir=work_dir),
     )
-    manifest = preprocess_images(catalog, dataset, config=config, progress=progress)
+    manifest = run_preprocessing(catalog, dataset, config=config, progress=progress)
     return preprocess_result(dataset, manifest)
 
 

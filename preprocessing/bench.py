@@ -1,8 +1,11 @@
 """bench preprocess: rows/s of the Dask path ÷ rows/s of a single-process baseline.
 
-Both run the same transform (:func:`preprocessing.images.write_shard`) on the same raw
-version, one after the other in one run, and their shards must be byte-identical. The Dask
-cluster is started before timing: its start-up is paid once per run, not per row.
+Both run the same job (its scan and write tasks, see :mod:`preprocessing.engine`) on the same
+raw version, one after the other in one run, and must write byte-identical files: the
+baseline calls the tasks one after the other in this process (pyarrow with its defaults), the
+Dask path submits them to a LocalCluster of ``workers`` single-threaded processes. The cluster
+is started, and every worker has imported the job's modules, before timing: start-up is paid
+once per cluster, not per row.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any
 
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
-from preprocessing.images import ClusterConfig, ImageJob, dask_client, plan_job, run_shards
-from preprocessing.plan import PlanConfig
+from preprocessing.engine import ClusterConfig, JobOptions, dask_client, run_job, run_locally
+from preprocessing.jobs import plan
 
 Progress = Callable[[str], None]
 
@@ -35,15 +38,10 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _warm_up() -> None:
-    import preprocessing.images  # noqa: F401
+def _warm_up(module: str) -> None:
+    import importlib
 
-
-def _baseline(job: ImageJob, out_dir: Path) -> float:
-    started = time.perf_counter()
-    for shard in job.shards:
-        job.write(shard, str(out_dir))
-    return time.perf_counter() - started
+    importlib.import_module(module)
 
 
 def bench_preprocess(
@@ -51,34 +49,36 @@ def bench_preprocess(
     dataset: str,
     *,
     workers: int = 2,
+    options: JobOptions | None = None,
     progress: Progress = lambda _msg: None,
 ) -> dict[str, Any]:
-    job = plan_job(catalog, dataset, PlanConfig())
+    job = plan(catalog, dataset, options or JobOptions())
+    _warm_up(type(job).__module__)
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
         baseline_dir, dask_dir = Path(scratch) / "baseline", Path(scratch) / "dask"
-        baseline_seconds = _baseline(job, baseline_dir)
-        progress(f"bench preprocess: baseline {job.rows / baseline_seconds:,.0f} rows/s")
+        started = time.perf_counter()
+        _scans, written = run_locally(job, baseline_dir)
+        baseline_seconds = time.perf_counter() - started
+        rows = sum(int(r["rows"]) for r in written)
+        progress(f"bench preprocess: baseline {rows / baseline_seconds:,.0f} rows/s")
         with dask_client(ClusterConfig(workers=workers), progress) as client:
-            # Import the writer's modules in every worker first, as the baseline process has.
-            client.run(_warm_up)
+            client.run(_warm_up, type(job).__module__)
             started = time.perf_counter()
-            run_shards(client, job, dask_dir, progress)
+            run_job(client, job, dask_dir, progress)
             dask_seconds = time.perf_counter() - started
             peak_rss = client.run(_peak_rss_bytes)
-        progress(f"bench preprocess: dask {job.rows / dask_seconds:,.0f} rows/s")
+        progress(f"bench preprocess: dask {rows / dask_seconds:,.0f} rows/s")
         if _digests(baseline_dir) != _digests(dask_dir):
-            raise ShardflowError("bench preprocess: the two paths wrote different shards")
+            raise ShardflowError("bench preprocess: the two paths wrote different files")
     return {
         "benchmark": "preprocess",
         "dataset": dataset,
-        "raw_version": job.raw.version,
-        "rows": job.rows,
-        "shards": len(job.shards),
+        "raw_version": job.raw.version if hasattr(job, "raw") else None,
+        "rows": rows,
+        "shards": len(written),
         "workers": workers,
         "ratio": baseline_seconds / dask_seconds,
-        "rows_per_second": {
-            "dask": job.rows / dask_seconds,
-            "baseline": job.rows / baseline_seconds,
-        },
+        "rows_per_second": {"dask": rows / dask_seconds, "baseline": rows / baseline_seconds},
+        "seconds": {"dask": dask_seconds, "baseline": baseline_seconds},
         "peak_rss_bytes_per_worker": sorted(peak_rss.values()),
     }

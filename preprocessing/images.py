@@ -1,31 +1,45 @@
-"""Raw IDX image versions → Parquet shards with equal row groups, one Dask task per shard.
+"""Raw image versions (MNIST-style IDX, CIFAR-10 batches) → train/validation/test shards.
 
-raw version (4 IDX files)
-    │  plan (pure): splits → shards → equal row groups
+raw version: IDX files (maybe gzipped) or CIFAR-10 batch files
+    │  scan pass, one Dask task per raw file: decode into plain uint8 records (HWC) in the
+    │  job's folder, once, so that shard tasks can seek instead of re-reading a gzip stream
     ▼
-Dask cluster: one task per shard, a bounded window in flight
-    │  each task reads only its records (seek, or a streamed gunzip) and writes
-    │  <staging>/<split>/part-NNNNN.parquet
+plan (pure): the training source is hashed by record number into train and validation
+(:mod:`preprocessing.splits`), the official test source is the test split; splits → shards →
+equal training row groups (:mod:`preprocessing.plan`)
+    │  write pass, one Dask task per shard: its records, as Parquet (raw bytes in a binary
+    │  column) or as a Petastorm dataset (Unischema, ndarray codec); training shards also
+    │  return per-channel sums for the normalisation statistics
     ▼
-processed version "<dataset>-processed" (parent: the raw version)
+processed version "<dataset>-processed" (parent: the raw version); the manifest holds the
+statistics, each split's plan and the remainder policy
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+import pickle
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest, ParentRef, Staging, code_version, version_id
 from data_catalog.errors import ShardflowError
-from preprocessing import schemas
+from preprocessing import schemas, splits
+from preprocessing.engine import (
+    JobOptions,
+    Result,
+    TaskSpec,
+    finished_parquet,
+    write_parquet,
+)
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -35,128 +49,220 @@ from preprocessing.plan import (
 )
 from preprocessing.sources import idx
 
-Progress = Callable[[str], None]
-
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 1
+WRITER_VERSION = 2
+
+DEFAULT_VALIDATION_FRACTION = 0.05
+# Petastorm for the colour images (an ndarray field per image, read with make_reader); plain
+# Parquet for the small greyscale sets, whose batch reader path is the fastest we have.
+DEFAULT_FORMAT = {"cifar10": "petastorm"}
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterConfig:
-    """Where the Dask work runs."""
+class RawPart:
+    """One raw file (or IDX image/label pair) of a source split, in record order."""
 
-    workers: int = 2
-    """Worker processes of the LocalCluster (one thread each); ignored with ``scheduler``."""
-    scheduler: str | None = None
-    """Address of an existing Dask scheduler (tcp://host:8786); its workers must see the
-    catalog's directory at the same path."""
-    memory_limit: str = "2GiB"
-    """Per-worker memory limit of the LocalCluster."""
-    work_dir: Path | None = None
-    """Where shards are written before the commit, one folder per job: a rerun of an
-    interrupted job keeps its finished shards. None writes straight into catalog staging."""
+    split: str
+    """The source's own split: "train" or "test"."""
+    number: int
+    kind: str
+    """"idx" or "cifar"."""
+    paths: tuple[str, ...]
+    """idx: (images, labels); cifar: (batch file,)."""
+    rows: int
 
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ShardflowError(f"--workers must be at least 1, got {self.workers}")
+    @property
+    def stem(self) -> str:
+        return f"inputs/{self.split}-{self.number:03d}"
 
 
 @dataclass(frozen=True, kw_only=True)
-class PreprocessConfig:
-    plan: PlanConfig = field(default_factory=PlanConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+class Decoded:
+    """A raw part decoded to plain records in the job's folder."""
+
+    images: str
+    labels: str
+    rows: int
 
 
-def processed_name(dataset: str) -> str:
-    return f"{dataset}-processed"
+def decode_part(part: RawPart, work: str, item_bytes: int) -> Result:
+    """Scan task: decode one raw part into ``<stem>.images`` (rows x item_bytes uint8, HWC)
+    and ``<stem>.labels`` (rows uint8), each whole or absent; kept if already there."""
+    images = Path(work) / f"{part.stem}.images"
+    labels = Path(work) / f"{part.stem}.labels"
+    result = {"part": part.number, "split": part.split, "rows": part.rows}
+    result.update(images=str(images), labels=str(labels))
+    if (
+        images.exists()
+        and labels.exists()
+        and images.stat().st_size == part.rows * item_bytes
+        and labels.stat().st_size == part.rows
+    ):
+        return {**result, "reused": True}
+    images.parent.mkdir(parents=True, exist_ok=True)
+    partial_images = images.with_name(images.name + ".partial")
+    partial_labels = labels.with_name(labels.name + ".partial")
+    if part.kind == "idx":
+        with open(partial_images, "wb") as out:
+            for _start, block in idx.iter_records(part.paths[0], batch=4096):
+                out.write(block.tobytes())
+        partial_labels.write_bytes(idx.read_records(part.paths[1]).tobytes())
+    else:
+        from preprocessing.sources.cifar10 import read_batch
+
+        batch_labels, batch_images = read_batch(Path(part.paths[0]))
+        partial_images.write_bytes(batch_images.tobytes())
+        partial_labels.write_bytes(batch_labels.tobytes())
+    for partial, final in ((partial_images, images), (partial_labels, labels)):
+        if partial.stat().st_size != (part.rows * item_bytes if final is images else part.rows):
+            raise ShardflowError(f"{part.paths[0]}: decoded size differs from the catalog's")
+        os.replace(partial, final)
+    return result
 
 
-def finished_shard(shard: Shard, out_dir: str) -> dict[str, Any] | None:
-    """The result of a shard an earlier, interrupted run already wrote whole, if any."""
-    path = Path(out_dir) / shard.path
-    try:
-        metadata = pq.read_metadata(path)
-    except (OSError, pa.ArrowInvalid):
-        return None
-    if metadata.num_rows != shard.rows or metadata.num_row_groups != shard.num_row_groups:
-        return None
-    return {"path": shard.path, "rows": shard.rows, "bytes": path.stat().st_size, "reused": True}
+def split_records(
+    source_rows: int, fractions: dict[str, float], split: str
+) -> npt.NDArray[np.int64]:
+    """Record numbers (in the source split) of the samples hashed into ``split``.
+
+    A sample's id is its record number in its source split: stable as long as the raw
+    version is, and hashed alone, so it always lands in the same split.
+    """
+    if set(fractions) == {split}:
+        return np.arange(source_rows, dtype=np.int64)
+    hashes = splits.sample_hash(np.arange(source_rows, dtype=np.uint64))
+    chosen: npt.NDArray[np.int64] = np.flatnonzero(splits.select(hashes, fractions, split))
+    return chosen.astype(np.int64)
 
 
-def write_shard(images: str, labels: str, shard: Shard, out_dir: str) -> dict[str, Any]:
-    """Dask task: write one shard's rows as Parquet with row groups of equal size, unless a
-    run of the same job already wrote it whole."""
-    finished = finished_shard(shard, out_dir)
+@dataclass(frozen=True, kw_only=True)
+class ShardTask:
+    """Everything a write task needs (picklable, small)."""
+
+    shard: Shard
+    parts: tuple[Decoded, ...]
+    """The source split's decoded parts, in record order."""
+    fractions: dict[str, float]
+    """How the source split is hashed into splits (the shard's split is one of them)."""
+    source_rows: int
+    image_shape: tuple[int, ...]
+    """(rows, cols, channels)."""
+    format: str
+    out_dir: str
+
+
+def _records(task: ShardTask) -> npt.NDArray[np.int64]:
+    chosen = split_records(task.source_rows, task.fractions, task.shard.split)
+    positions = np.arange(task.shard.start, task.shard.start + task.shard.rows) % len(chosen)
+    records: npt.NDArray[np.int64] = chosen[positions]  # "pad": positions wrap to the start
+    return records
+
+
+def _gather(task: ShardTask, records: npt.NDArray[np.int64]) -> tuple[Any, Any]:
+    """(images n x item uint8, labels n) of ``records``, read by seeking in the parts."""
+    item = int(np.prod(task.image_shape))
+    images = np.empty((len(records), item), dtype=np.uint8)
+    labels = np.empty(len(records), dtype=np.uint8)
+    first = 0
+    for part in task.parts:
+        inside = (records >= first) & (records < first + part.rows)
+        if inside.any():
+            local = records[inside] - first
+            pixels = np.memmap(part.images, dtype=np.uint8, mode="r", shape=(part.rows, item))
+            images[inside] = pixels[local]
+            labels[inside] = np.fromfile(part.labels, dtype=np.uint8)[local]
+            del pixels
+        first += part.rows
+    return images, labels
+
+
+def channel_sums(images: npt.NDArray[np.uint8], channels: int) -> Result:
+    """Count, sum and sum of squares of pixel/255 per channel (float64), to be combined."""
+    values = images.reshape(-1, channels).astype(np.float64) / 255.0
+    return {
+        "count": int(values.shape[0]),
+        "sum": values.sum(axis=0).tolist(),
+        "sumsq": np.square(values).sum(axis=0).tolist(),
+    }
+
+
+def write_shard(task: ShardTask) -> Result:
+    """Write task: one shard's rows with row groups of equal size, unless a run of the same
+    job already wrote it whole; training shards return their channel sums either way."""
+    shard = task.shard
+    path = Path(task.out_dir) / shard.path
+    records = _records(task)
+    images, labels = _gather(task, records)
+    result: Result = {"path": shard.path, "split": shard.split}
+    if shard.split == "train":
+        result["sums"] = channel_sums(images, task.image_shape[-1])
+    finished = finished_parquet(path, rows=shard.rows, row_groups=shard.num_row_groups)
     if finished is not None:
-        return finished
-    pixels = idx.read_records(images, shard.start, shard.rows)
-    targets = idx.read_records(labels, shard.start, shard.rows)
-    flat = pixels.reshape(shard.rows, -1)
-    item = flat.shape[1]
-    # One contiguous buffer + offsets: the binary column without a Python object per image.
-    offsets = pa.array(range(0, (shard.rows + 1) * item, item), type=pa.int32())
-    image_column = pa.BinaryArray.from_buffers(
-        pa.binary(), shard.rows, [None, offsets.buffers()[1], pa.py_buffer(flat.tobytes())]
-    )
+        return {**result, **finished}
+    if task.format == "petastorm":
+        image_column = pa.array(
+            [schemas.encode_image(task.image_shape, image) for image in images],
+            type=pa.binary(),
+        )
+    else:
+        # One contiguous buffer + offsets: the binary column without a Python object per image.
+        item = images.shape[1]
+        offsets = pa.array(range(0, (len(records) + 1) * item, item), type=pa.int32())
+        image_column = pa.BinaryArray.from_buffers(
+            pa.binary(), len(records), [None, offsets.buffers()[1], pa.py_buffer(images.tobytes())]
+        )
     table = pa.Table.from_arrays(
-        [
-            pa.array(range(shard.start, shard.start + shard.rows), type=pa.int64()),
-            image_column,
-            pa.array(targets.astype("int64")),
-        ],
+        [pa.array(records, type=pa.int64()), image_column, pa.array(labels.astype(np.int64))],
         schema=schemas.IMAGE_SCHEMA,
     )
-    path = Path(out_dir) / shard.path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    pq.write_table(table, partial, row_group_size=shard.rows_per_group)
-    os.replace(partial, path)  # a shard is whole or absent
-    return {"path": shard.path, "rows": shard.rows, "bytes": path.stat().st_size}
+    nbytes = write_parquet(table, path, row_group_size=shard.rows_per_group)
+    return {**result, "rows": shard.rows, "bytes": nbytes}
 
 
-@contextmanager
-def dask_client(config: ClusterConfig, progress: Progress) -> Iterator[Any]:
-    """A Dask client on an existing scheduler or on a fresh LocalCluster."""
-    from distributed import Client, LocalCluster
+def combine_sums(sums: Sequence[Result]) -> dict[str, list[float]]:
+    """Mean and standard deviation per channel from partial sums, combined in the given order
+    (fixed by the caller, so the floats are the same on every run)."""
+    count = sum(int(s["count"]) for s in sums)
+    total = np.sum([s["sum"] for s in sums], axis=0)
+    total_sq = np.sum([s["sumsq"] for s in sums], axis=0)
+    mean = total / count
+    std = np.sqrt(np.maximum(total_sq / count - np.square(mean), 0.0))
+    return {"mean": [float(m) for m in mean], "std": [float(s) for s in std]}
 
-    if config.scheduler is not None:
-        try:
-            client = Client(config.scheduler, timeout="10s")
-        except OSError as exc:
-            raise ShardflowError(f"cannot reach Dask scheduler {config.scheduler}: {exc}") from exc
-        with client:
-            progress(f"dask: using scheduler {config.scheduler}, dashboard {client.dashboard_link}")
-            yield client
-        return
-    with (
-        LocalCluster(
-            n_workers=config.workers,
-            threads_per_worker=1,
-            processes=True,
-            memory_limit=config.memory_limit,
-            dashboard_address="127.0.0.1:0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        progress(
-            f"dask: LocalCluster with {config.workers} workers, dashboard {client.dashboard_link}"
-        )
-        yield client
+
+def write_petastorm_metadata(split_dir: Path, image_shape: Sequence[int]) -> None:
+    """``_common_metadata`` of a split folder, as petastorm's ``materialize_dataset`` writes it
+    (the pickled Unischema and each file's row-group count) without needing Spark."""
+    from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
+
+    files = sorted(split_dir.glob("*.parquet"))
+    row_groups = {f.name: pq.read_metadata(f).num_row_groups for f in files}
+    arrow_schema = schemas.IMAGE_SCHEMA.with_metadata(
+        {
+            UNISCHEMA_KEY: pickle.dumps(schemas.image_unischema(image_shape)),
+            ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups, sort_keys=True).encode(),
+        }
+    )
+    pq.write_metadata(arrow_schema, split_dir / "_common_metadata")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ImageJob:
-    """A planned preprocessing run: the shards to write and the version they will become."""
+    """A planned preprocessing run of one raw image version (an :class:`engine.Job`)."""
 
     raw: Manifest
     name: str
     version: str
     parents: tuple[ParentRef, ...]
     parameters: dict[str, Any]
+    parts: tuple[RawPart, ...]
+    image_shape: tuple[int, ...]
+    format: str
+    fractions: dict[str, dict[str, float]]
+    """Per source split, its hash fractions (the train source feeds train and validation)."""
     plans: tuple[SplitPlan, ...]
-    images: dict[str, str]
-    """Raw images file of each split."""
-    labels: dict[str, str]
+    source_of: dict[str, str]
+    """The source split of each output split."""
 
     @property
     def shards(self) -> list[Shard]:
@@ -166,26 +272,183 @@ class ImageJob:
     def rows(self) -> int:
         return sum(plan.rows for plan in self.plans)
 
-    def write(self, shard: Shard, out_dir: str) -> dict[str, Any]:
-        """Write one shard (locally; Dask tasks call :func:`write_shard` with the same args)."""
-        return write_shard(self.images[shard.split], self.labels[shard.split], shard, out_dir)
+    @property
+    def item_bytes(self) -> int:
+        return int(np.prod(self.image_shape))
 
+    def scan_tasks(self, work: Path) -> list[TaskSpec]:
+        return [
+            TaskSpec(
+                key=f"decode-{part.split}-{part.number:03d}",
+                fn=decode_part,
+                args=(part, str(work), self.item_bytes),
+                rows=part.rows,
+            )
+            for part in self.parts
+        ]
 
-def plan_job(catalog: Catalog, dataset: str, plan: PlanConfig) -> ImageJob:
-    """Plan the processing of the latest raw version of ``dataset`` (reads manifests only)."""
-    if not catalog.is_local:
-        raise ShardflowError(
-            f"preprocessing reads raw files by path: the catalog {catalog.url} is not on a local "
-            "or mounted filesystem (object-store catalogs take ingest and catalog commands)"
+    def write_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
+        decoded: dict[str, list[Decoded]] = {}
+        for result in sorted(scans, key=lambda r: (r["split"], r["part"])):
+            decoded.setdefault(result["split"], []).append(
+                Decoded(images=result["images"], labels=result["labels"], rows=result["rows"])
+            )
+        tasks = []
+        for shard in self.shards:
+            source = self.source_of[shard.split]
+            task = ShardTask(
+                shard=shard,
+                parts=tuple(decoded[source]),
+                fractions=self.fractions[source],
+                source_rows=sum(d.rows for d in decoded[source]),
+                image_shape=self.image_shape,
+                format=self.format,
+                out_dir=str(work / "out"),
+            )
+            tasks.append(
+                TaskSpec(
+                    key=f"write-{shard.split}-{shard.index:05d}",
+                    fn=write_shard,
+                    args=(task,),
+                    rows=shard.rows,
+                )
+            )
+        return tasks
+
+    def commit(
+        self, stage: Staging, scans: Sequence[Result], written: Sequence[Result], work: Path
+    ) -> Manifest:
+        expected = {shard.path for shard in self.shards}
+        missing = expected - {str(r["path"]) for r in written}
+        if missing:
+            raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
+        out = work / "out"
+        outputs = sorted(expected)
+        if self.format == "petastorm":
+            for plan in self.plans:
+                write_petastorm_metadata(out / plan.split, self.image_shape)
+                outputs.append(f"{plan.split}/_common_metadata")
+        for relpath in outputs:
+            stage.adopt(out / relpath, relpath)
+        train_sums = [
+            r["sums"] for r in sorted(written, key=lambda r: str(r["path"])) if "sums" in r
+        ]
+        raw = self.raw
+        schema: dict[str, Any] = {
+            "format": self.format,
+            "kind": "images",
+            "arrow_schema": schemas.IMAGE_SCHEMA.to_string(),
+            "columns": list(schemas.IMAGE_COLUMNS),
+            "image_shape": raw.schema["image_shape"],
+            "num_classes": raw.schema["num_classes"],
+            "class_names": raw.schema["class_names"],
+            "splits": {p.split: p.split for p in self.plans},
+            "split_by": "hash of the record number in the source split "
+            "(preprocessing.splits.sample_hash)",
+            "split_fractions": self.fractions,
+        }
+        if self.format == "petastorm":
+            schema["unischema"] = str(schemas.image_unischema(self.image_shape))
+        statistics: dict[str, Any] = {p.split: p.statistics() for p in self.plans}
+        statistics["normalization"] = {
+            **combine_sums(train_sums),
+            "over": "train split, pixel / 255, per channel",
+        }
+        statistics["rows_in"] = int(raw.rows)
+        return stage.commit(
+            parents=self.parents,
+            parameters=self.parameters,
+            schema=schema,
+            statistics=statistics,
+            rows=sum(p.rows for p in self.plans),
         )
-    raw = catalog.get(dataset)
-    if raw.kind != "raw":
-        raise ShardflowError(f"{dataset}@{raw.version} is {raw.kind}, expected a raw version")
-    files = raw.schema["files"]
-    path_of = {e.path: catalog.file_path(raw, e) for e in raw.files}
-    name = processed_name(dataset)
+
+
+def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, ...]]:
+    path_of = {e.path: str(catalog.file_path(raw, e)) for e in raw.files}
+    shape = tuple(int(d) for d in raw.schema["image_shape"])
+    if raw.schema.get("format") == "idx":
+        files = raw.schema["files"]
+        parts = [
+            RawPart(
+                split=split,
+                number=0,
+                kind="idx",
+                paths=(
+                    path_of[files[f"{prefix}-images-idx3-ubyte"]],
+                    path_of[files[f"{prefix}-labels-idx1-ubyte"]],
+                ),
+                rows=int(raw.statistics[f"{split}_rows"]),
+            )
+            for split, prefix in (("train", "train"), ("test", "t10k"))
+        ]
+        return parts, (*shape, 1) if len(shape) == 2 else shape
+    if str(raw.schema.get("format", "")).startswith("cifar10-"):
+        parts = []
+        for split, key in (("train", "train_files"), ("test", "test_files")):
+            for number, name in enumerate(raw.schema[key]):
+                entry = next(e for e in raw.files if e.path == name)
+                if entry.rows is None:
+                    raise ShardflowError(f"{raw.name}@{raw.version}: {name} has no row count")
+                parts.append(
+                    RawPart(
+                        split=split,
+                        number=number,
+                        kind="cifar",
+                        paths=(path_of[entry.path],),
+                        rows=entry.rows,
+                    )
+                )
+        return parts, shape
+    raise ShardflowError(
+        f"{raw.name}@{raw.version}: raw format {raw.schema.get('format')!r} is not an image set "
+        "shardflow can preprocess (IDX or CIFAR-10 batches)"
+    )
+
+
+def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
+    """Plan the processing of the raw image version ``raw`` (reads manifests only)."""
+    parts, image_shape = _parts(catalog, raw)
+    output_format = options.format or DEFAULT_FORMAT.get(raw.name, "parquet")
+    validation = (
+        DEFAULT_VALIDATION_FRACTION
+        if options.validation_fraction is None
+        else options.validation_fraction
+    )
+    if options.test_fraction:
+        raise ShardflowError(
+            f"{raw.name} has an official test split; --test-fraction is for sources without one"
+        )
+    train_fractions = {"train": 1.0 - validation, "validation": validation}
+    if validation == 0:
+        train_fractions = {"train": 1.0}
+    fractions = {"train": train_fractions, "test": {"test": 1.0}}
+    source_rows = {
+        split: sum(p.rows for p in parts if p.split == split) for split in ("train", "test")
+    }
+    config: PlanConfig = options.plan
+    plans = [
+        plan_training_split(
+            "train", len(split_records(source_rows["train"], train_fractions, "train")), config
+        )
+    ]
+    if validation:
+        plans.append(
+            plan_evaluation_split(
+                "validation",
+                len(split_records(source_rows["train"], train_fractions, "validation")),
+                config,
+            )
+        )
+    plans.append(plan_evaluation_split("test", source_rows["test"], config))
+    name = processed_name(raw.name)
     parents = (raw.ref,)
-    parameters = {"plan": asdict(plan), "writer_version": WRITER_VERSION}
+    parameters = {
+        "plan": asdict(config),
+        "format": output_format,
+        "split_fractions": fractions,
+        "writer_version": WRITER_VERSION,
+    }
     return ImageJob(
         raw=raw,
         name=name,
@@ -199,140 +462,14 @@ def plan_job(catalog: Catalog, dataset: str, plan: PlanConfig) -> ImageJob:
         ),
         parents=parents,
         parameters=parameters,
-        plans=(
-            plan_training_split("train", int(raw.statistics["train_rows"]), plan),
-            plan_evaluation_split("test", int(raw.statistics["test_rows"]), plan),
-        ),
-        images={
-            "train": str(path_of[files["train-images-idx3-ubyte"]]),
-            "test": str(path_of[files["t10k-images-idx3-ubyte"]]),
-        },
-        labels={
-            "train": str(path_of[files["train-labels-idx1-ubyte"]]),
-            "test": str(path_of[files["t10k-labels-idx1-ubyte"]]),
-        },
+        parts=tuple(parts),
+        image_shape=image_shape,
+        format=output_format,
+        fractions=fractions,
+        plans=tuple(plans),
+        source_of={"train": "train", "validation": "train", "test": "test"},
     )
 
 
-def job_dir(work_dir: Path, job: ImageJob) -> Path:
-    """The folder of ``job``'s shards before the commit (same job, same folder)."""
-    return work_dir / f"{job.name}-{job.version}"
-
-
-def commit_job(
-    job: ImageJob, stage: Staging, written: list[dict[str, Any]], shards_dir: Path
-) -> Manifest:
-    """Commit the shards written into ``shards_dir`` as the job's processed version."""
-    expected = {shard.path for shard in job.shards}
-    missing = expected - {str(r["path"]) for r in written}
-    if missing:
-        raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
-    if shards_dir != stage.path:
-        for shard_path in sorted(expected):
-            stage.adopt(shards_dir / shard_path, shard_path)
-    raw = job.raw
-    manifest = stage.commit(
-        parents=job.parents,
-        parameters=job.parameters,
-        schema={
-            "format": "parquet",
-            "arrow_schema": schemas.IMAGE_SCHEMA.to_string(),
-            "columns": list(schemas.IMAGE_COLUMNS),
-            "image_shape": raw.schema["image_shape"],
-            "num_classes": raw.schema["num_classes"],
-            "class_names": raw.schema["class_names"],
-            "splits": {p.split: p.split for p in job.plans},
-        },
-        statistics={
-            p.split: {
-                "rows": p.rows,
-                "source_rows": p.source_rows,
-                "dropped_rows": p.dropped_rows,
-                "rows_per_group": p.rows_per_group,
-                "num_row_groups": p.num_row_groups,
-                "num_shards": len(p.shards),
-                "policy": "drop" if p.split == "train" else "whole",
-            }
-            for p in job.plans
-        },
-        rows=sum(int(r["rows"]) for r in written),
-    )
-    if shards_dir != stage.path:
-        shutil.rmtree(shards_dir, ignore_errors=True)
-    return manifest
-
-
-def run_shards(
-    client: Any,
-    job: ImageJob,
-    out_dir: Path,
-    progress: Progress,
-) -> list[dict[str, Any]]:
-    """Submit one task per shard, at most two per worker in flight, so that memory does not
-    grow with the number of shards."""
-    from distributed import as_completed
-
-    shards = job.shards
-    window = max(2, 2 * len(client.scheduler_info().get("workers", {})))
-    pending = iter(shards)
-    futures = as_completed()
-
-    def submit(shard: Shard) -> None:
-        futures.add(
-            client.submit(
-                write_shard,
-                job.images[shard.split],
-                job.labels[shard.split],
-                shard,
-                str(out_dir),
-                key=f"write-shard-{job.version}-{shard.split}-{shard.index:05d}-{os.getpid()}",
-                pure=False,
-            )
-        )
-
-    for shard in [s for _, s in zip(range(window), pending, strict=False)]:
-        submit(shard)
-    results = []
-    rows_done = 0
-    for future in futures:
-        result = future.result()
-        results.append(result)
-        rows_done += result["rows"]
-        progress(
-            f"preprocess: {len(results)}/{len(shards)} shards, {rows_done:,}/{job.rows:,} rows"
-        )
-        following = next(pending, None)
-        if following is not None:
-            submit(following)
-    return sorted(results, key=lambda r: str(r["path"]))
-
-
-def preprocess(
-    catalog: Catalog,
-    dataset: str,
-    *,
-    config: PreprocessConfig | None = None,
-    progress: Progress = lambda _msg: None,
-) -> Manifest:
-    """Turn the latest raw version of ``dataset`` into a processed version on Dask.
-
-    Returns the existing version, doing no work, when the same raw version was already
-    processed with the same parameters and code.
-    """
-    config = config or PreprocessConfig()
-    job = plan_job(catalog, dataset, config.plan)
-    if catalog.exists(job.name, job.version):
-        progress(f"{job.name}@{job.version} already in the catalog; nothing to do")
-        return catalog.get(job.name, job.version)
-    with (
-        catalog.stage(job.name, kind="processed") as stage,
-        dask_client(config.cluster, progress) as client,
-    ):
-        work = config.cluster.work_dir
-        shards_dir = job_dir(work, job) if work is not None else stage.path
-        shards_dir.mkdir(parents=True, exist_ok=True)
-        written = run_shards(client, job, shards_dir, progress)
-        reused = sum(1 for r in written if r.get("reused"))
-        if reused:
-            progress(f"preprocess: {reused} shards kept from an interrupted run")
-        return commit_job(job, stage, written, shards_dir)
+def processed_name(dataset: str) -> str:
+    return f"{dataset}-processed"

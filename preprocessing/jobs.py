@@ -40,7 +40,8 @@ def plan(catalog: Catalog, dataset: str, options: JobOptions) -> Job:
     if dataset in TABULAR_DATASETS:
         from preprocessing.tabular import plan_sdss_job
 
-        return plan_sdss_job(catalog, raw, options)
+        job: Job = plan_sdss_job(catalog, raw, options)
+        return job
     from preprocessing.images import plan_job
 
     return plan_job(catalog, raw, options)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 # One row per image. The pixels are raw bytes (rows * cols * channels uint8, row-major):
@@ -16,3 +22,32 @@ IMAGE_SCHEMA = pa.schema(
 )
 
 IMAGE_COLUMNS = tuple(IMAGE_SCHEMA.names)
+
+
+def image_unischema(image_shape: Sequence[int]) -> Any:
+    """The Petastorm schema of an image split: the same columns as :data:`IMAGE_SCHEMA`, with
+    the pixels an ndarray (rows, cols, channels) stored by petastorm's NdarrayCodec."""
+    from petastorm.codecs import NdarrayCodec, ScalarCodec
+    from petastorm.unischema import Unischema, UnischemaField
+    from pyspark.sql.types import LongType
+
+    return Unischema(
+        "ImageSchema",
+        [
+            UnischemaField("index", np.int64, (), ScalarCodec(LongType()), False),
+            UnischemaField("image", np.uint8, tuple(image_shape), NdarrayCodec(), False),
+            UnischemaField("label", np.int64, (), ScalarCodec(LongType()), False),
+        ],
+    )
+
+
+@functools.cache
+def _image_field(image_shape: tuple[int, ...]) -> Any:
+    return image_unischema(image_shape).image
+
+
+def encode_image(image_shape: Sequence[int], pixels: npt.NDArray[np.uint8]) -> bytes:
+    """One image's bytes in the Petastorm column, encoded by the schema's own codec."""
+    shape = tuple(image_shape)
+    field = _image_field(shape)
+    return bytes(field.codec.encode(field, pixels.reshape(shape)))

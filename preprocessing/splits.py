@@ -75,4 +75,5 @@ def select(
     hashes: npt.NDArray[np.uint64], fractions: Mapping[str, float], split: str
 ) -> npt.NDArray[np.bool_]:
     """Mask of the samples that fall in ``split``."""
-    return assign(hashes, fractions) == SPLITS.index(split)
+    mask: npt.NDArray[np.bool_] = assign(hashes, fractions) == SPLITS.index(split)
+    return mask

@@ -1,56 +1,136 @@
-"""Shard writing: equal row groups, whole-or-absent files, reuse after an interrupted run."""
+"""Image shards: hash splits, equal row groups, whole-or-absent files, Parquet and Petastorm."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
-from preprocessing.images import finished_shard, write_shard
-from preprocessing.plan import Shard
-from preprocessing.sources import idx
+from data_catalog import Catalog
+from preprocessing import splits
+from preprocessing.engine import JobOptions, run_locally
+from preprocessing.images import finished_parquet, plan_job, split_records
+from preprocessing.plan import PlanConfig
+from preprocessing.sources import idx, mnist
+
+TRAIN, TEST = 1_300, 200
 
 
-def sources(tmp_path: Path, n: int = 40) -> tuple[str, str]:
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory: pytest.TempPathFactory) -> tuple[Catalog, Path]:
+    """A real raw IDX version (random pixels, gzipped like the real files)."""
+    root = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(3)
-    images, labels = tmp_path / "images", tmp_path / "labels"
-    idx.write(images, rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), compress=False)
-    idx.write(labels, rng.integers(0, 10, n, dtype=np.uint8), compress=True)
-    return str(images), str(labels)
+    source = root / "source"
+    source.mkdir()
+    for prefix, n in (("train", TRAIN), ("t10k", TEST)):
+        pixels = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        idx.write(source / f"{prefix}-images-idx3-ubyte.gz", pixels, compress=True)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        idx.write(source / f"{prefix}-labels-idx1-ubyte.gz", labels, compress=True)
+    catalog = Catalog(root / "catalog")
+    mnist.ingest(catalog, "mnist", source=str(source), download_cache=root / "downloads")
+    return catalog, source
 
 
-SHARD = Shard(split="train", index=1, start=8, rows=24, rows_per_group=8)
+def _run(catalog: Catalog, options: JobOptions, work: Path) -> tuple[object, Path]:
+    job = plan_job(catalog, catalog.get("mnist"), options)
+    scans, written = run_locally(job, work)
+    with catalog.stage(job.name, kind="processed") as stage:
+        manifest = job.commit(stage, scans, written, work)
+    return manifest, catalog.version_dir(manifest.name, manifest.version)
 
 
-def test_shard_holds_its_rows_in_equal_groups(tmp_path: Path) -> None:
-    images, labels = sources(tmp_path)
-    result = write_shard(images, labels, SHARD, str(tmp_path / "out"))
-    assert result == {
-        "path": "train/part-00001.parquet",
-        "rows": 24,
-        "bytes": (tmp_path / "out" / result["path"]).stat().st_size,
-    }
-    table = pq.read_table(tmp_path / "out" / result["path"])
-    assert table.column("index").to_pylist() == list(range(8, 32))
-    pixels = np.frombuffer(b"".join(table.column("image").to_pylist()), np.uint8)
-    np.testing.assert_array_equal(pixels.reshape(24, 28, 28), idx.read_records(images, 8, 24))
-    metadata = pq.read_metadata(tmp_path / "out" / result["path"])
-    assert [metadata.row_group(i).num_rows for i in range(3)] == [8, 8, 8]
-    assert not list((tmp_path / "out").rglob("*.partial"))
+def test_splits_hold_every_record_once_with_its_pixels(
+    raw: tuple[Catalog, Path], tmp_path: Path
+) -> None:
+    catalog, source = raw
+    options = JobOptions(plan=PlanConfig(rank_multiple=8, target_rows_per_shard=400))
+    manifest, directory = _run(catalog, options, tmp_path / "work")
+    stats = manifest.statistics  # type: ignore[attr-defined]
+    tables = {s: pq.read_table(directory / s) for s in ("train", "validation", "test")}
+    train_ids = tables["train"].column("index").to_pylist()
+    validation_ids = tables["validation"].column("index").to_pylist()
+    # The training source is split by hash into train and validation, with no overlap; only
+    # the drop policy's few rows are missing, and counted.
+    assert not set(train_ids) & set(validation_ids)
+    assert len(train_ids) + len(validation_ids) + stats["train"]["dropped_rows"] == TRAIN
+    assert 0.02 < len(validation_ids) / TRAIN < 0.09
+    assert tables["test"].column("index").to_pylist() == list(range(TEST))
+    # Row groups: equal in train, a multiple of the rank multiple.
+    for part in sorted((directory / "train").glob("*.parquet")):
+        metadata = pq.read_metadata(part)
+        sizes = {metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)}
+        assert sizes == {stats["train"]["rows_per_group"]}
+    assert stats["train"]["num_row_groups"] % 8 == 0
+    # Pixels and labels are the source's.
+    pixels = idx.read_records(source / "train-images-idx3-ubyte.gz")
+    labels = idx.read_records(source / "train-labels-idx1-ubyte.gz")
+    got = np.frombuffer(b"".join(tables["train"].column("image").to_pylist()), np.uint8)
+    np.testing.assert_array_equal(got.reshape(-1, 28, 28), pixels[train_ids])
+    assert tables["train"].column("label").to_pylist() == labels[train_ids].tolist()
+    # Normalisation statistics are the training split's.
+    values = pixels[train_ids].astype(np.float64) / 255
+    assert stats["normalization"]["mean"] == pytest.approx([values.mean()], rel=1e-9)
+    assert stats["normalization"]["std"] == pytest.approx([values.std()], rel=1e-9)
+    assert not list(directory.rglob("*.partial"))
 
 
-def test_finished_shard_is_reused_and_a_damaged_one_rewritten(tmp_path: Path) -> None:
-    images, labels = sources(tmp_path)
-    out = tmp_path / "out"
-    assert finished_shard(SHARD, str(out)) is None
-    write_shard(images, labels, SHARD, str(out))
-    path = out / SHARD.path
+def test_a_sample_always_lands_in_the_same_split() -> None:
+    fractions = {"train": 0.8, "validation": 0.1, "test": 0.1}
+    ids = np.arange(10_000, dtype=np.uint64)
+    whole = splits.assign(splits.sample_hash(ids), fractions)
+    # Order and company do not matter: a shuffled subset gets the same splits.
+    order = np.random.default_rng(0).permutation(10_000)[:3_000]
+    part = splits.assign(splits.sample_hash(ids[order]), fractions)
+    np.testing.assert_array_equal(part, whole[order])
+    shares = np.bincount(whole, minlength=3) / len(ids)
+    assert shares == pytest.approx([0.8, 0.1, 0.1], abs=0.02)
+    # Growing the source never moves a record between train and validation.
+    small = split_records(1_000, {"train": 0.95, "validation": 0.05}, "validation")
+    large = split_records(5_000, {"train": 0.95, "validation": 0.05}, "validation")
+    assert set(small) == set(large[large < 1_000])
+
+
+def test_petastorm_format_reads_with_make_reader(raw: tuple[Catalog, Path], tmp_path: Path) -> None:
+    from petastorm import make_reader
+
+    catalog, source = raw
+    options = JobOptions(format="petastorm", plan=PlanConfig(rank_multiple=8))
+    manifest, directory = _run(catalog, options, tmp_path / "work")
+    assert manifest.schema["format"] == "petastorm"  # type: ignore[attr-defined]
+    pixels = idx.read_records(source / "t10k-images-idx3-ubyte.gz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with make_reader(
+            (directory / "test").as_uri(), num_epochs=1, reader_pool_type="dummy"
+        ) as reader:
+            rows = list(reader)
+    assert sorted(int(r.index) for r in rows) == list(range(TEST))
+    for row in rows[:20]:
+        assert row.image.shape == (28, 28, 1) and row.image.dtype == np.uint8
+        np.testing.assert_array_equal(row.image[..., 0], pixels[row.index])
+
+
+def test_finished_shard_is_reused_and_a_damaged_one_rewritten(
+    raw: tuple[Catalog, Path], tmp_path: Path
+) -> None:
+    catalog, _ = raw
+    job = plan_job(catalog, catalog.get("mnist"), JobOptions(plan=PlanConfig(rank_multiple=8)))
+    work = tmp_path / "work"
+    _scans, first = run_locally(job, work)
+    shard = job.shards[0]
+    path = work / "out" / shard.path
     written = path.read_bytes()
-    again = write_shard(images, labels, SHARD, str(out))
-    assert again["reused"] is True
+    assert finished_parquet(path, rows=shard.rows, row_groups=shard.num_row_groups)
+    _, again = run_locally(job, work)
+    assert all(r.get("reused") for r in again)
+    assert [r["sums"] for r in again if "sums" in r] == [r["sums"] for r in first if "sums" in r]
     path.write_bytes(written[: len(written) // 2])  # as a crash mid-write could leave it
-    assert finished_shard(SHARD, str(out)) is None
-    rewritten = write_shard(images, labels, SHARD, str(out))
-    assert "reused" not in rewritten
+    assert finished_parquet(path, rows=shard.rows, row_groups=shard.num_row_groups) is None
+    _, rewritten = run_locally(job, work)
+    assert "reused" not in rewritten[0]
     assert path.read_bytes() == written

@@ -8,7 +8,7 @@ from preprocessing.plan import PlanConfig, plan_evaluation_split, plan_training_
 from training.input import SplitLayout
 
 
-@pytest.mark.parametrize("rows", [60_000, 2_000, 4_000, 5_003, 60_001, 8])
+@pytest.mark.parametrize("rows", [60_000, 2_000, 4_000, 5_003, 60_001, 64])
 def test_training_split_has_equal_groups_for_every_rank_count(rows: int) -> None:
     config = PlanConfig()
     plan = plan_training_split("train", rows, config)
@@ -23,13 +23,13 @@ def test_training_split_has_equal_groups_for_every_rank_count(rows: int) -> None
         assert shard.rows % plan.rows_per_group == 0
         offset += shard.rows
     layout = SplitLayout(rows_per_group=plan.rows_per_group, num_row_groups=plan.num_row_groups)
-    for num_ranks in (1, 2, 4, 8):
+    for num_ranks in (1, 2, 4, 8, 16, 32, 64):
         counts = {layout.rows_of_rank(r, num_ranks) for r in range(num_ranks)}
         assert counts == {plan.rows // num_ranks}
 
 
 def test_full_fashion_mnist_drops_nothing() -> None:
-    plan = plan_training_split("train", 60_000, PlanConfig())
+    plan = plan_training_split("train", 60_000, PlanConfig(rank_multiple=8))
     assert plan.dropped_rows == 0
     assert plan.shards[0].path == "train/part-00000.parquet"
 
@@ -48,8 +48,20 @@ def test_evaluation_split_is_whole() -> None:
 
 
 def test_too_few_rows_is_refused() -> None:
-    with pytest.raises(ValueError, match="cannot fill 8 equal row groups"):
-        plan_training_split("train", 7, PlanConfig())
+    with pytest.raises(ValueError, match="cannot fill 64 equal row groups"):
+        plan_training_split("train", 63, PlanConfig())
+
+
+@pytest.mark.parametrize("rows", [63, 5_003, 60_001, 1_000_003])
+def test_pad_fills_equal_groups_and_keeps_every_row(rows: int) -> None:
+    plan = plan_training_split("train", rows, PlanConfig(remainder="pad"))
+    assert plan.num_row_groups % 64 == 0
+    assert plan.rows == plan.rows_per_group * plan.num_row_groups
+    assert plan.dropped_rows == 0
+    assert plan.rows == rows + plan.padded_rows
+    assert plan.padded_rows < plan.num_row_groups  # less than one row per group
+    assert plan.statistics()["policy"] == "pad"
+    assert sum(s.rows for s in plan.shards) == plan.rows
 
 
 def test_uneven_groups_plan_equal_steps() -> None:
