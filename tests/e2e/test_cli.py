@@ -62,14 +62,23 @@ def test_run_fashion_subset_as_one_flow(
     assert run["flow_run_id"]
 
     shown = ok(shardflow("catalog", "show", "fashion-mnist-processed", "--json")).json
-    assert shown["rows"] == 3_000
+    stats = shown["statistics"]
     files = {Path(f["path"]).relative_to(shown["directory"]).as_posix(): f for f in shown["files"]}
-    assert sorted(files) == ["test/part-00000.parquet", "train/part-00000.parquet"]
+    assert sorted(files) == [
+        "test/part-00000.parquet",
+        "train/part-00000.parquet",
+        "validation/part-00000.parquet",
+    ]
+    # The 2,000 training images are hashed into train and validation; train is cut into 64
+    # equal row groups (1, 2, 4, ... 64 ranks all get equal rows), the rest dropped, counted.
     train = pq.ParquetFile(files["train/part-00000.parquet"]["path"])
-    # 2,000 rows in 8 equal row groups: 1, 2, 4 or 8 ranks all get equal rows.
-    assert [train.metadata.row_group(i).num_rows for i in range(8)] == [250] * 8
-    assert train.metadata.num_row_groups == 8
-    assert sum(f["rows"] for f in shown["files"]) == 3_000
+    assert train.metadata.num_row_groups == 64
+    group = stats["train"]["rows_per_group"]
+    assert [train.metadata.row_group(i).num_rows for i in range(64)] == [group] * 64
+    assert stats["validation"]["rows"] + stats["train"]["source_rows"] == 2_000
+    assert stats["rows_in"] == 3_000
+    assert shown["rows"] == 3_000 - stats["train"]["dropped_rows"]
+    assert sum(f["rows"] for f in shown["files"]) == shown["rows"]
 
     lineage = ok(
         shardflow("catalog", "lineage", f"fashion-mnist-cnn@{run['version']}", "--json")
@@ -113,8 +122,10 @@ def test_real_mnist_over_http_trains_to_97_percent(
     assert again["version"] == ingested["version"]  # same bytes: the same version, no copy
 
     processed = ok(shardflow("preprocess", "mnist", "--workers", "2", "--json")).json
-    assert processed["rows"] == 5_000
-    assert processed["splits"]["train"]["num_row_groups"] % 8 == 0
+    splits = processed["splits"]
+    assert processed["rows"] + splits["train"]["dropped_rows"] == 5_000
+    assert splits["train"]["num_row_groups"] % 64 == 0
+    assert splits["test"]["rows"] == 1_000
 
     files_before = sorted(p for p in (shardflow_home / "catalog").rglob("*") if p.is_file())
     repeated = ok(shardflow("preprocess", "mnist", "--json")).json
