@@ -38,7 +38,7 @@ def plan(catalog: Catalog, dataset: str, options: JobOptions) -> Job:
     if raw.kind != "raw":
         raise ShardflowError(f"{dataset}@{raw.version} is {raw.kind}, expected a raw version")
     if dataset in TABULAR_DATASETS:
-        from preprocessing.tabular import plan_sdss_job
+        from preprocessing.sdss import plan_sdss_job
 
         job: Job = plan_sdss_job(catalog, raw, options)
         return job

@@ -51,3 +51,26 @@ def encode_image(image_shape: Sequence[int], pixels: npt.NDArray[np.uint8]) -> b
     shape = tuple(image_shape)
     field = _image_field(shape)
     return bytes(field.codec.encode(field, pixels.reshape(shape)))
+
+
+# SDSS: star/galaxy/QSO features. Colours are differences of adjacent bands' magnitudes.
+SDSS_CLASSES = ("STAR", "GALAXY", "QSO")
+_BANDS = ("u", "g", "r", "i", "z")
+SDSS_FEATURES = (
+    *_BANDS,
+    "u_g",
+    "g_r",
+    "r_i",
+    "i_z",
+    *(f"petroMag_{b}" for b in _BANDS),
+    *(f"petroRad_{b}" for b in _BANDS),
+)
+SDSS_SCHEMA = pa.schema(
+    [
+        *(pa.field(name, pa.float32(), nullable=False) for name in SDSS_FEATURES),
+        pa.field("label", pa.int64(), nullable=False),  # index into SDSS_CLASSES
+        pa.field("redshift", pa.float64(), nullable=False),
+        pa.field("objid", pa.uint64(), nullable=False),
+        pa.field("specobjid", pa.uint64(), nullable=False),
+    ]
+)
