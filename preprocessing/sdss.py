@@ -44,8 +44,9 @@ from preprocessing.plan import (
 WRITER_VERSION = 1
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_TEST_FRACTION = 0.1
-# Rows are small: shards of about a raw row group, so that each piece is read about once.
-MIN_ROWS_PER_SHARD = 100_000
+# Rows are small: by default shards of about a raw row group, so that each piece is read about
+# once by the write pass.
+DEFAULT_ROWS_PER_SHARD = 100_000
 
 _BANDS = ("u", "g", "r", "i", "z")
 _MAGNITUDES = (*_BANDS, *(f"petroMag_{b}" for b in _BANDS))
@@ -367,10 +368,9 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
     fractions = {"train": 1.0 - validation - test, "validation": validation, "test": test}
     if (options.format or "parquet") != "parquet":
         raise ShardflowError("sdss is written as plain Parquet (tabular features); drop --format")
-    config = replace(
-        options.plan,
-        target_rows_per_shard=max(options.plan.target_rows_per_shard, MIN_ROWS_PER_SHARD),
-    )
+    config = options.plan
+    if config.target_rows_per_shard == PlanConfig().target_rows_per_shard:
+        config = replace(config, target_rows_per_shard=DEFAULT_ROWS_PER_SHARD)
     name = "sdss-processed"
     parents = (raw.ref,)
     parameters = {

@@ -1,0 +1,125 @@
+"""SDSS preprocessing without Dask: quarantine, hash splits, features, statistics."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_catalog import Catalog, Manifest
+from preprocessing import schemas, splits
+from preprocessing.engine import JobOptions, run_locally
+from preprocessing.plan import PlanConfig
+from preprocessing.sdss import plan_sdss_job
+from preprocessing.sources import sdss
+from preprocessing.sources.synth import write_sdss_exports
+
+ROWS = 6_000
+
+
+def _spoil(path: Path) -> int:
+    """Put a -9999 and a -1000 sentinel and an unknown class into three rows of an export
+    (ingest itself refuses NaN in CSV; FITS exports can carry it, see the test below)."""
+    lines = path.read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("objid"))
+    names = lines[header].split(",")
+    rows = [r for r in csv.reader(lines[header + 1 :])]
+    rows[10][names.index("g")] = "-9999"
+    rows[20][names.index("class")] = "UNKNOWN"
+    rows[30][names.index("petroRad_r")] = "-1000"
+    path.write_text("\n".join([*lines[: header + 1], *(",".join(r) for r in rows)]) + "\n")
+    return 3
+
+
+def _processed(root: Path, options: JobOptions, rows: int = ROWS) -> tuple[Manifest, Path, int]:
+    exports = root / "exports"
+    write_sdss_exports(exports, rows=rows, files=2, fmt="csv", seed=1)
+    spoiled = _spoil(sorted(exports.glob("*.csv"))[0])
+    catalog = Catalog(root / "catalog")
+    raw = sdss.ingest_exports(catalog, source=str(exports))
+    job = plan_sdss_job(catalog, raw, options)
+    scans, written = run_locally(job, root / "work")
+    with catalog.stage(job.name, kind="processed") as stage:
+        manifest = job.commit(stage, scans, written, root / "work")
+    return manifest, catalog.version_dir(manifest.name, manifest.version), spoiled
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Manifest, Path, int]:
+    options = JobOptions(plan=PlanConfig(remainder="pad", target_rows_per_group=50))
+    return _processed(tmp_path_factory.mktemp("sdss"), options)
+
+
+def test_rows_in_are_rows_out_plus_quarantined(padded: tuple[Manifest, Path, int]) -> None:
+    manifest, directory, spoiled = padded
+    stats = manifest.statistics
+    out = {s: pq.read_table(directory / s) for s in ("train", "validation", "test")}
+    quarantine = pq.read_table(directory / "quarantine")
+    ids = {
+        (o, s)
+        for table in out.values()
+        for o, s in zip(
+            table.column("objid").to_pylist(), table.column("specobjid").to_pylist(), strict=True
+        )
+    }
+    padding = stats["train"]["padded_rows"]
+    assert stats["rows_in"] == ROWS
+    assert sum(t.num_rows for t in out.values()) - padding == len(ids)  # unique rows out
+    assert len(ids) + quarantine.num_rows == ROWS
+    assert stats["quarantine"]["rows"] == quarantine.num_rows >= spoiled
+    reasons = quarantine.column("reason").to_pylist()
+    assert {"sentinel:g", "unknown class", "sentinel:petroRad_r"} <= set(reasons)
+    assert sum(stats["quarantine"]["reasons"].values()) == quarantine.num_rows
+    # Equal training row groups, a multiple of 64.
+    metadata = pq.read_metadata(next((directory / "train").glob("*.parquet")))
+    assert metadata.row_group(0).num_rows == stats["train"]["rows_per_group"]
+    assert stats["train"]["num_row_groups"] % 64 == 0
+
+
+def test_features_labels_and_statistics(padded: tuple[Manifest, Path, int]) -> None:
+    manifest, directory, _ = padded
+    train = pq.read_table(directory / "train")
+    assert train.schema.equals(schemas.SDSS_SCHEMA, check_metadata=False)
+    np.testing.assert_allclose(
+        train.column("u_g").to_numpy(),
+        train.column("u").to_numpy() - train.column("g").to_numpy(),
+        atol=1e-5,
+    )
+    assert set(train.column("label").to_pylist()) == {0, 1, 2}
+    assert manifest.schema["class_names"] == ["STAR", "GALAXY", "QSO"]
+    norm = manifest.statistics["normalization"]  # over the written training rows
+    full = np.stack(
+        [train.column(n).to_numpy().astype(np.float64) for n in schemas.SDSS_FEATURES], 1
+    )
+    np.testing.assert_allclose(norm["mean"], full.mean(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(norm["std"], full.std(axis=0), rtol=1e-7)
+
+
+def test_a_row_keeps_its_split_when_the_input_changes(tmp_path: Path) -> None:
+    fractions = {"train": 0.8, "validation": 0.1, "test": 0.1}
+    objid = np.arange(1, 5_001, dtype=np.uint64) * np.uint64(7919)
+    specobjid = objid ^ np.uint64(2**63 + 12345)
+    table = pa.table({"objid": objid, "specobjid": specobjid})
+    from preprocessing.sdss import split_codes
+
+    whole = split_codes(table, fractions)
+    order = np.random.default_rng(0).permutation(5_000)[:1_000]
+    np.testing.assert_array_equal(split_codes(table.take(order), fractions), whole[order])
+    assert np.bincount(whole, minlength=3)[splits.SPLITS.index("test")] == pytest.approx(
+        500, abs=80
+    )
+
+
+def test_nan_and_infinite_values_are_quarantined_with_their_column() -> None:
+    from preprocessing.sdss import quarantine_reasons
+
+    n = 4
+    columns = {name: np.full(n, 17.0) for name in sdss.SCHEMA if sdss.SCHEMA[name] == "float64"}
+    columns["petroMag_i"] = np.array([17.0, np.nan, 17.0, 17.0])
+    columns["redshift"] = np.array([0.1, 0.1, np.inf, 0.1])
+    table = pa.table({**columns, "class": ["STAR", "QSO", "GALAXY", "GALAXY"]})
+    assert quarantine_reasons(table).tolist() == ["", "nan:petroMag_i", "nan:redshift", ""]
