@@ -260,10 +260,12 @@ def _train_options(args: argparse.Namespace) -> dict[str, Any]:
         "num_ranks": args.np,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
-        "model": args.model,
+        "model": args.model or ("dnn" if args.dataset == "sdss" else "cnn"),
         "learning_rate": args.lr,
         "seed": args.seed,
         "hosts": args.hosts,
+        "hostfile": args.hostfile,
+        "controller": args.controller,
         "backward_passes_per_step": args.backward_passes_per_step,
         "compression": args.compression,
         "resume": args.resume,
@@ -668,7 +670,12 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         default=32,
         help="per rank; the global batch is this times --np (default: 32)",
     )
-    parser.add_argument("--model", choices=models.MODELS, default="cnn", help="default: cnn")
+    parser.add_argument(
+        "--model",
+        choices=models.MODELS,
+        help="images: cnn (default), mobilenetv2, resnet50 (Keras applications, random init); "
+        "sdss: dnn (default)",
+    )
     parser.add_argument(
         "--lr",
         type=float,
@@ -678,6 +685,18 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="default: 0")
     parser.add_argument(
         "--hosts", metavar="HOST:SLOTS,...", help="horovodrun -H (default: localhost:NP)"
+    )
+    parser.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="horovodrun --hostfile: one 'HOST slots=N' per line, instead of --hosts",
+    )
+    parser.add_argument(
+        "--controller",
+        choices=("gloo", "mpi"),
+        default="gloo",
+        help="Horovod's controller: gloo (always built) or mpi (needs Horovod built with MPI; "
+        "default: gloo)",
     )
     parser.add_argument(
         "--backward-passes-per-step",

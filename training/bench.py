@@ -12,13 +12,14 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from data_catalog import Catalog, Manifest
 from data_catalog.errors import ShardflowError
 from training import models
-from training.input import SplitLayout, load_split, make_train_dataset
+from training.input import InputSpec, SplitLayout, load_split, make_train_dataset
 from training.launcher import TrainConfig, launch
 from training.worker import WorkerConfig
 
@@ -26,7 +27,7 @@ Progress = Callable[[str], None]
 
 
 def _processed(catalog: Catalog, dataset: str) -> tuple[Manifest, SplitLayout, Path]:
-    from preprocessing.images import processed_name
+    from preprocessing.jobs import processed_name
 
     manifest = catalog.get(processed_name(dataset))
     stats = manifest.statistics["train"]
@@ -50,26 +51,32 @@ def bench_reader(
 
     manifest, layout, directory = _processed(catalog, dataset)
     steps = min(steps, layout.steps_per_epoch(1, batch_size))
-    image_shape = list(manifest.schema["image_shape"])
-    images, labels = load_split(directory / "train", image_shape)
+    spec = InputSpec.of(manifest.schema)
+    inputs, labels = load_split(directory / "train", spec)
     in_memory = (
-        tf.data.Dataset.from_tensor_slices((images, labels))
+        tf.data.Dataset.from_tensor_slices((inputs, labels))
         .shuffle(4096, seed=0)
         .repeat()
         .batch(batch_size, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
     )
-    reader, streamed = make_train_dataset(
+    streamed = make_train_dataset(
         (directory / "train").resolve().as_uri(),
+        spec,
         rank=0,
         num_ranks=1,
         batch_size=batch_size,
-        image_shape=image_shape,
+        steps_per_epoch=layout.steps_per_epoch(1, batch_size),
         seed=0,
         shuffle_buffer=4096,
     )
+    normalization = manifest.statistics.get("normalization", {})
     model = models.build(
-        "cnn", image_shape=image_shape, num_classes=int(manifest.schema["num_classes"])
+        "cnn" if spec.kind == "images" else "dnn",
+        input_shape=spec.input_shape,
+        num_classes=int(manifest.schema["num_classes"]),
+        mean=normalization.get("mean"),
+        std=normalization.get("std"),
     )
     model.compile(
         optimizer=tf.keras.optimizers.legacy.Adam(0.001),
@@ -93,9 +100,7 @@ def bench_reader(
                     f"bench reader: round {round_number + 1}, {name} {seconds[name][-1]:.1f} s"
                 )
     finally:
-        sources.clear()  # drop the iterators before the reader stops feeding them
-        reader.stop()
-        reader.join()
+        sources.clear()  # drop the iterators (and the streaming one's petastorm reader)
     best = {name: min(values) for name, values in seconds.items()}
     return {
         "benchmark": "reader",
@@ -124,13 +129,14 @@ def bench_scaling(
         for num_ranks in (1, 2):
             run_dir = Path(scratch) / f"np{num_ranks}"
             run_dir.mkdir()
+            spec = InputSpec.of(manifest.schema)
             WorkerConfig(
                 train_url=(directory / "train").resolve().as_uri(),
                 test_dir=str(directory / "test"),
                 run_dir=str(run_dir),
-                image_shape=list(manifest.schema["image_shape"]),
+                spec=asdict(spec),
                 num_classes=int(manifest.schema["num_classes"]),
-                model="cnn",
+                model="cnn" if spec.kind == "images" else "dnn",
                 epochs=2,
                 batch_size=batch_size,
                 learning_rate=0.001,

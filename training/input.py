@@ -1,12 +1,26 @@
-"""Per-rank input: each rank streams its own row groups of a Parquet split into tf.data.
+"""Per-rank input: each rank streams its own row groups of a split through petastorm into tf.data.
+
+Every epoch is planned, not sampled:
+
+- which row groups a rank reads is petastorm's sharding (row group ``i`` goes to rank
+  ``i % num_ranks``), the same set every epoch;
+- the order it reads them in changes every epoch and is a pure function of (seed, epoch, rank
+  count): one petastorm reader per epoch, seeded from (seed, epoch), with one reading thread so
+  that row groups arrive in the order the reader planned (:func:`row_group_order` reproduces it
+  for the lineage);
+- rows are shuffled within a bounded window by a generator seeded from (seed, epoch, rank);
+- every rank yields exactly ``steps_per_epoch`` batches per epoch, planned from the catalog's
+  row counts, so no rank waits in an allreduce for a peer that ran out of data.
 
 Ranks are plain integers here; only the worker entry point asks Horovod for them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import random
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,63 +57,286 @@ class SplitLayout:
         return steps
 
 
-def decode_images(image_shape: Sequence[int]) -> Any:
-    import tensorflow as tf
+@dataclass(frozen=True, kw_only=True)
+class InputSpec:
+    """How to turn a processed split's rows into (inputs, labels), from its manifest."""
 
-    shape = [-1, *image_shape, 1] if len(image_shape) == 2 else [-1, *image_shape]
+    kind: str = "images"
+    """"images" or "tabular"."""
+    format: str = "parquet"
+    """"parquet" (make_batch_reader) or "petastorm" (make_reader, Unischema)."""
+    image_shape: list[int] = field(default_factory=list)
+    """(rows, cols, channels) for images."""
+    feature_columns: list[str] = field(default_factory=list)
+    label_column: str = "label"
 
-    def decode(batch: Any) -> tuple[Any, Any]:
-        pixels = tf.io.decode_raw(batch.image, tf.uint8)
-        images = tf.cast(tf.reshape(pixels, shape), tf.float32) / 255.0
-        return images, batch.label
+    @classmethod
+    def of(cls, schema: dict[str, Any]) -> InputSpec:
+        """The spec of a processed version, from its manifest's schema."""
+        kind = schema.get("kind", "images")
+        shape = [int(d) for d in schema.get("image_shape", [])]
+        if kind == "images" and len(shape) == 2:
+            shape.append(1)
+        return cls(
+            kind=kind,
+            format=schema.get("format", "parquet"),
+            image_shape=shape,
+            feature_columns=list(schema.get("feature_columns", [])),
+            label_column=schema.get("label_column", "label"),
+        )
 
-    return decode
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.image_shape) if self.kind == "images" else (len(self.feature_columns),)
+
+    @property
+    def columns(self) -> list[str]:
+        if self.kind == "images":
+            return ["image", self.label_column]
+        return [*self.feature_columns, self.label_column]
+
+    def arrays(self, batch: Any) -> tuple[Any, Any]:
+        """(inputs, int64 labels) of a petastorm batch (columnar namedtuple): float32 features,
+        or uint8 pixels (rows, cols, channels) that :func:`to_model_input` scales."""
+        labels = np.asarray(getattr(batch, self.label_column), dtype=np.int64)
+        if self.kind == "tabular":
+            features = np.stack(
+                [np.asarray(getattr(batch, c), dtype=np.float32) for c in self.feature_columns],
+                axis=1,
+            )
+            return features, labels
+        images = batch.image
+        if isinstance(images, np.ndarray) and images.dtype == np.uint8:
+            pixels = images  # petastorm format: decoded ndarrays
+        else:
+            pixels = np.frombuffer(b"".join(images), dtype=np.uint8)
+        return pixels.reshape(len(labels), *self.image_shape), labels
+
+    @property
+    def stream_dtype(self) -> Any:
+        return np.uint8 if self.kind == "images" else np.float32
+
+
+def to_model_input(inputs: Any) -> Any:
+    """What models take: pixel/255 as float32 for uint8 images, features as they are."""
+    if inputs.dtype == np.uint8:
+        return inputs.astype(np.float32) / np.float32(255.0)
+    return inputs
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The petastorm seed of one epoch: never 0 (petastorm treats seed 0 as "unseeded" and
+    shuffles from the global numpy state, which no rank shares)."""
+    return (seed * 1_000_003 + epoch * 7_919) % (2**31 - 2) + 1
+
+
+def row_group_order(num_row_groups: int, rank: int, num_ranks: int, seed: int) -> list[int]:
+    """The row groups (global indexes, in path order) ``rank`` reads in one epoch, in reading
+    order, when petastorm is seeded with ``seed``: what petastorm 0.13.1's Reader does with
+    ``cur_shard``, ``shard_count``, ``seed`` and ``shuffle_row_groups`` (its sharding shuffles
+    then keeps indexes ``i % shard_count == cur_shard``; its ventilator permutes them once)."""
+    indexes = list(range(num_row_groups))
+    random.Random(seed).shuffle(indexes)
+    mine = [i for i in indexes if i % num_ranks == rank]
+    return [int(i) for i in np.random.default_rng(seed).permutation(mine)]
+
+
+def _reader(
+    url: str,
+    spec: InputSpec,
+    *,
+    rank: int,
+    num_ranks: int,
+    seed: int,
+    columns: list[str] | None = None,
+) -> Any:
+    from petastorm import make_batch_reader, make_reader
+
+    options: dict[str, Any] = {
+        "schema_fields": columns or spec.columns,
+        "cur_shard": rank,
+        "shard_count": num_ranks,
+        "num_epochs": 1,
+        "shuffle_row_groups": True,
+        "seed": seed,
+        # Read in the calling thread, row group after row group, in the planned order: tf.data
+        # runs this generator in a thread of its own and prefetches its batches, and decoding
+        # a row group costs far less than training on it. (With petastorm's thread pool, a
+        # 1-row-group split read on rank 1 of 2 came back empty now and then.)
+        "reader_pool_type": "dummy",
+    }
+    with warnings.catch_warnings():
+        # pyarrow's legacy dataset API (FutureWarning) and a note that schema_fields are
+        # matched as regular expressions (our names are plain identifiers, matched whole).
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message="schema_fields behavior has changed")
+        if spec.format == "petastorm":
+            return make_reader(url, **options)
+        return make_batch_reader(url, **options)
+
+
+def _batches(reader: Any, spec: InputSpec) -> Iterator[tuple[Any, Any]]:
+    if spec.format == "petastorm":
+        # make_reader yields one row at a time; gather them into blocks.
+        block: list[Any] = []
+        for row in reader:
+            block.append(row)
+            if len(block) == 256:
+                yield _stack_rows(block, spec)
+                block = []
+        if block:
+            yield _stack_rows(block, spec)
+        return
+    for batch in reader:
+        yield spec.arrays(batch)
+
+
+def _stack_rows(rows: list[Any], spec: InputSpec) -> tuple[Any, Any]:
+    images = np.stack([r.image for r in rows])
+    labels = np.array([getattr(r, spec.label_column) for r in rows], dtype=np.int64)
+    return images.reshape(len(rows), *spec.image_shape), labels
+
+
+def epoch_batches(
+    url: str,
+    spec: InputSpec,
+    *,
+    rank: int,
+    num_ranks: int,
+    seed: int,
+    epoch: int,
+    batch_size: int,
+    steps: int,
+    shuffle_buffer: int,
+) -> Iterator[tuple[Any, Any]]:
+    """One rank's rows for one epoch, deterministically shuffled, as chunks of whole batches
+    adding up to exactly ``steps`` batches: row groups in the epoch's order, rows mixed within
+    windows of ``shuffle_buffer`` rows by a generator seeded from (seed, epoch, rank)."""
+    rng = np.random.default_rng([seed, epoch, rank, num_ranks])
+    reader = _reader(url, spec, rank=rank, num_ranks=num_ranks, seed=epoch_seed(seed, epoch))
+    left = steps * batch_size
+    pending_x: list[Any] = []
+    pending_y: list[Any] = []
+    held = 0
+
+    def drain() -> Iterator[tuple[Any, Any]]:
+        nonlocal pending_x, pending_y, held, left
+        x, y = np.concatenate(pending_x), np.concatenate(pending_y)
+        order = rng.permutation(len(y))
+        x, y = x[order], y[order]
+        usable = min(len(y) - len(y) % batch_size, left)
+        if usable:
+            yield x[:usable], y[:usable]
+        left -= usable
+        pending_x, pending_y = [x[usable:]], [y[usable:]]
+        held = len(y) - usable
+
+    try:
+        for x, y in _batches(reader, spec):
+            pending_x.append(x)
+            pending_y.append(y)
+            held += len(y)
+            if held >= max(shuffle_buffer, batch_size):
+                yield from drain()
+            if left <= 0:
+                return
+        if held and left > 0:
+            yield from drain()
+    finally:
+        reader.stop()
+        reader.join()
+    if left > 0:
+        raise RuntimeError(f"rank {rank} ran out of rows in epoch {epoch}: {left} short")
 
 
 def make_train_dataset(
     url: str,
+    spec: InputSpec,
     *,
     rank: int,
     num_ranks: int,
     batch_size: int,
-    image_shape: Sequence[int],
+    steps_per_epoch: int,
     seed: int,
     shuffle_buffer: int,
-) -> tuple[Any, Any]:
-    """(petastorm reader, tf.data.Dataset of (images, labels) batches), repeating forever.
+    first_epoch: int = 0,
+    epochs: int | None = None,
+) -> Any:
+    """tf.data.Dataset of (inputs, labels) batches: epoch ``first_epoch`` onwards (forever when
+    ``epochs`` is None), ``steps_per_epoch`` batches each, prefetched."""
+    import itertools
 
-    The caller takes ``steps_per_epoch`` batches per epoch and must stop the reader.
-    """
     import tensorflow as tf
-    from petastorm import make_batch_reader
-    from petastorm.tf_utils import make_petastorm_dataset
 
-    reader = make_batch_reader(
-        url,
-        schema_fields=["image", "label"],
-        cur_shard=rank,
-        shard_count=num_ranks,
-        num_epochs=None,
-        shuffle_row_groups=True,
-        seed=seed,
-        reader_pool_type="thread",
-        workers_count=2,
+    def generate() -> Iterator[tuple[Any, Any]]:
+        last = itertools.count(first_epoch) if epochs is None else range(first_epoch, epochs)
+        for epoch in last:
+            yield from epoch_batches(
+                url,
+                spec,
+                rank=rank,
+                num_ranks=num_ranks,
+                seed=seed,
+                epoch=epoch,
+                batch_size=batch_size,
+                steps=steps_per_epoch,
+                shuffle_buffer=shuffle_buffer,
+            )
+
+    signature = (
+        tf.TensorSpec(shape=(None, *spec.input_shape), dtype=tf.as_dtype(spec.stream_dtype)),
+        tf.TensorSpec(shape=(None,), dtype=tf.int64),
     )
-    dataset = (
-        make_petastorm_dataset(reader)
-        .map(decode_images(image_shape), num_parallel_calls=tf.data.AUTOTUNE)
-        .unbatch()
-        .shuffle(shuffle_buffer, seed=seed + rank)
-        .batch(batch_size, drop_remainder=True)
+
+    def scale(x: Any, y: Any) -> tuple[Any, Any]:
+        return (tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else x), y
+
+    # The generator hands over chunks of whole batches (one Python call per few thousand rows,
+    # not per batch); tf.data cuts them into batches and prefetches.
+    return (
+        tf.data.Dataset.from_generator(generate, output_signature=signature)
+        .flat_map(
+            lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(
+                batch_size, drop_remainder=True
+            )
+        )
+        .map(scale, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
     )
-    return reader, dataset
 
 
-def load_split(directory: str | Path, image_shape: Sequence[int]) -> tuple[Any, Any]:
-    """A whole (evaluation) split in memory: (float32 images, int64 labels)."""
-    table = pq.read_table(directory, columns=["image", "label"])
-    pixels = np.frombuffer(b"".join(table.column("image").to_pylist()), dtype=np.uint8)
-    images = pixels.reshape(table.num_rows, *image_shape, 1).astype(np.float32) / 255.0
-    labels = table.column("label").to_numpy()
-    return images, labels
+def load_split(directory: str | Path, spec: InputSpec) -> tuple[Any, Any]:
+    """A whole (evaluation) split in memory: (float32 inputs, int64 labels)."""
+    directory = Path(directory)
+    if spec.format == "petastorm":
+        url = directory.resolve().as_uri()
+        reader = _reader(url, spec, rank=0, num_ranks=1, seed=1)
+        try:
+            parts = list(_batches(reader, spec))
+        finally:
+            reader.stop()
+            reader.join()
+        inputs = np.concatenate([p[0] for p in parts])
+        return to_model_input(inputs), np.concatenate([p[1] for p in parts])
+    table = pq.read_table(directory, columns=spec.columns)
+
+    class Columns:
+        def __getattr__(self, name: str) -> Any:
+            column = table.column(name)
+            return column.to_pylist() if name == "image" else column.to_numpy()
+
+    inputs, labels = spec.arrays(Columns())
+    return to_model_input(inputs), labels
+
+
+def describe_orders(
+    num_row_groups: int, num_ranks: int, seed: int, epochs: Sequence[int]
+) -> dict[str, dict[str, list[int]]]:
+    """{epoch: {rank: row groups in reading order}} for the lineage."""
+    return {
+        str(epoch + 1): {
+            str(rank): row_group_order(num_row_groups, rank, num_ranks, epoch_seed(seed, epoch))
+            for rank in range(num_ranks)
+        }
+        for epoch in epochs
+    }

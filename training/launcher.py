@@ -34,8 +34,9 @@ from training.worker import WorkerConfig
 Progress = Callable[[str], None]
 
 COMPRESSIONS = ("none", "fp16")
+CONTROLLERS = ("gloo", "mpi")
 # Options that change how a run executes, not what it computes: not part of the version id.
-EXECUTION_ONLY = ("hosts", "resume", "timeline")
+EXECUTION_ONLY = ("hosts", "hostfile", "controller", "resume", "timeline")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,10 @@ class TrainConfig:
     """Random shifts of up to 2 pixels while training: for small training sets."""
     hosts: str | None = None
     """horovodrun -H value (host:slots,...); default localhost:num_ranks."""
+    hostfile: str | None = None
+    """horovodrun --hostfile (one "host slots=N" per line), instead of ``hosts``."""
+    controller: str = "gloo"
+    """gloo (built into every Horovod) or mpi (when Horovod was built with MPI)."""
     resume: bool = False
     """Continue from the last checkpoint of an interrupted run of the same configuration."""
     timeline: bool = False
@@ -83,6 +88,12 @@ class TrainConfig:
             )
         if self.learning_rate <= 0:
             raise ShardflowError(f"--lr must be positive, got {self.learning_rate}")
+        if self.controller not in CONTROLLERS:
+            raise ShardflowError(
+                f"unknown controller {self.controller!r}; known: {', '.join(CONTROLLERS)}"
+            )
+        if self.hosts and self.hostfile:
+            raise ShardflowError("give --hosts or --hostfile, not both")
 
 
 def model_name(dataset: str, model: str) -> str:
@@ -98,19 +109,38 @@ def horovodrun() -> str:
     return found
 
 
+def _train_groups(processed: Manifest) -> list[str]:
+    """The training row groups as "file#row_group", in petastorm's order (file path order)."""
+    return [
+        f"{entry.path}#{index}"
+        for entry in sorted(processed.files, key=lambda e: e.path)
+        if entry.path.startswith("train/") and entry.path.endswith(".parquet")
+        for index in range(entry.row_groups or 0)
+    ]
+
+
 def row_groups_by_rank(processed: Manifest, num_ranks: int) -> dict[str, list[str]]:
     """Which training row groups each rank reads, every epoch, as "file#row_group".
 
     petastorm numbers the row groups of the dataset's files in path order and gives group i to
-    shard i % num_ranks; its row-group shuffle reorders a rank's groups, never the set.
+    shard i % num_ranks; the per-epoch shuffle reorders a rank's groups, never the set.
     """
-    groups = [
-        f"{entry.path}#{index}"
-        for entry in sorted(processed.files, key=lambda e: e.path)
-        if entry.path.startswith("train/")
-        for index in range(entry.row_groups or 0)
-    ]
+    groups = _train_groups(processed)
     return {str(rank): groups[rank::num_ranks] for rank in range(num_ranks)}
+
+
+def row_groups_by_epoch(
+    processed: Manifest, num_ranks: int, seed: int, epochs: int
+) -> dict[str, dict[str, list[str]]]:
+    """{epoch (from 1): {rank: row groups in the order the rank read them}}."""
+    from training.input import describe_orders
+
+    groups = _train_groups(processed)
+    orders = describe_orders(len(groups), num_ranks, seed, range(epochs))
+    return {
+        epoch: {rank: [groups[i] for i in order] for rank, order in by_rank.items()}
+        for epoch, by_rank in orders.items()
+    }
 
 
 def _split_dir(catalog: Catalog, manifest: Manifest, split: str) -> Path:
@@ -130,7 +160,8 @@ def train(
     The same processed version, configuration and code give the same model version: a rerun
     returns the committed one without training again.
     """
-    from preprocessing.images import processed_name
+    from preprocessing.jobs import processed_name
+    from training.input import InputSpec
 
     if not catalog.is_local:
         raise ShardflowError(
@@ -138,6 +169,11 @@ def train(
             "mounted filesystem (object-store catalogs take ingest and catalog commands)"
         )
     processed = catalog.get(processed_name(dataset))
+    spec = InputSpec.of(processed.schema)
+    try:
+        models.check(config.model, spec.kind)
+    except ValueError as exc:
+        raise ShardflowError(f"{dataset}: {exc}") from exc
     train_stats = processed.statistics["train"]
     layout = SplitLayout(
         rows_per_group=int(train_stats["rows_per_group"]),
@@ -172,11 +208,16 @@ def train(
     elif run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    normalization = processed.statistics.get("normalization", {})
+    validation_dir = _split_dir(catalog, processed, "validation")
     worker_config = WorkerConfig(
         train_url=_split_dir(catalog, processed, "train").resolve().as_uri(),
         test_dir=str(_split_dir(catalog, processed, "test")),
+        validation_dir=str(validation_dir) if validation_dir.is_dir() else None,
         run_dir=str(run_dir),
-        image_shape=list(processed.schema["image_shape"]),
+        spec=asdict(spec),
+        mean=normalization.get("mean"),
+        std=normalization.get("std"),
         num_classes=int(processed.schema["num_classes"]),
         model=config.model,
         epochs=config.epochs,
@@ -209,16 +250,21 @@ def train(
             schema={
                 "format": "keras",
                 "model": config.model,
-                "input_shape": worker_config.image_shape,
+                "input_kind": spec.kind,
+                "input_shape": list(spec.input_shape),
+                "feature_columns": spec.feature_columns,
                 "num_classes": worker_config.num_classes,
             },
             statistics=metrics,
             rows=layout.rows_of_rank(0, 1),
             extra={
                 "run_dir": str(run_dir),
-                # The same set every epoch (order shuffled per epoch from the seed); each rank
-                # takes steps_per_epoch batches of it per epoch.
+                # The same set every epoch; the order each rank read them in, per epoch, is a
+                # pure function of (seed, epoch, ranks): training.input.row_group_order.
                 "row_groups_by_rank": row_groups_by_rank(processed, config.num_ranks),
+                "row_groups_by_epoch": row_groups_by_epoch(
+                    processed, config.num_ranks, config.seed, config.epochs
+                ),
                 "steps_per_epoch": steps,
             },
         )
@@ -227,8 +273,16 @@ def train(
 
 def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
     """Run `horovodrun` on the worker config in ``run_dir``; raises ShardflowError on failure."""
-    hosts = config.hosts or f"localhost:{config.num_ranks}"
-    command = [horovodrun(), "-np", str(config.num_ranks), "-H", hosts, "--gloo"]
+    command = [horovodrun(), "-np", str(config.num_ranks)]
+    if config.hostfile:
+        command += ["--hostfile", config.hostfile]
+    else:
+        command += ["-H", config.hosts or f"localhost:{config.num_ranks}"]
+    if config.controller == "mpi":
+        require_mpi()
+        command.append("--mpi")
+    else:
+        command.append("--gloo")
     if config.timeline:
         command += ["--timeline-filename", str(run_dir / "timeline.json")]
     command += [sys.executable, "-m", "training.worker", str(run_dir / "worker.json")]
@@ -246,6 +300,17 @@ def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
         returncode = proc.wait()
     if returncode != 0:
         raise ShardflowError(_failure_message(returncode, list(tail)))
+
+
+def require_mpi() -> None:
+    """Refuse the MPI controller unless this Horovod was built with it."""
+    import horovod.tensorflow as hvd
+
+    if not hvd.mpi_built():
+        raise ShardflowError(
+            "this Horovod was built without MPI; use --controller gloo, or install an MPI "
+            "(e.g. apt-get install libopenmpi-dev) and rebuild Horovod with HOROVOD_WITH_MPI=1"
+        )
 
 
 def _failure_message(returncode: int, tail: list[str]) -> str:

@@ -26,7 +26,8 @@ class WorkerConfig:
     train_url: str
     test_dir: str
     run_dir: str
-    image_shape: list[int]
+    spec: dict[str, Any]
+    """The processed version's :class:`training.input.InputSpec`, as a dict."""
     num_classes: int
     model: str
     epochs: int
@@ -44,6 +45,11 @@ class WorkerConfig:
     evaluate: bool = True
     """Evaluate on the test split and save the model (benchmarks skip both)."""
     augment: bool = False
+    mean: list[float] | None = None
+    """Normalisation statistics of the training split (the model's first layer)."""
+    std: list[float] | None = None
+    validation_dir: str | None = None
+    """Evaluated after every epoch when the processed version has a validation split."""
 
     @classmethod
     def load(cls, path: str | Path) -> WorkerConfig:
@@ -111,6 +117,45 @@ def pin_to_one_core() -> None:
     os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
 
 
+def counting_compression(compression: Any, counter: Any) -> Any:
+    """Horovod compression that adds the bytes of every tensor it hands to allreduce (after
+    compression) to ``counter``: the allreduce payload, measured where Horovod sends it."""
+    import tensorflow as tf
+
+    class Counting(compression):  # type: ignore[misc]
+        @staticmethod
+        def compress(tensor: Any) -> Any:
+            compressed, context = compression.compress(tensor)
+            size = tf.cast(tf.size(compressed), tf.int64) * compressed.dtype.size
+            counter.assign_add(size)
+            return compressed, context
+
+        @staticmethod
+        def decompress(tensor: Any, context: Any) -> Any:
+            return compression.decompress(tensor, context)
+
+    return Counting
+
+
+def allreduce_meter(counter: Any) -> Any:
+    """A Keras callback recording the counter's growth over each epoch in ``.per_epoch``."""
+    import tensorflow as tf
+
+    class AllreduceMeter(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.per_epoch: list[int] = []
+            self._start = 0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._start = int(counter.numpy())
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.per_epoch.append(int(counter.numpy()) - self._start)
+
+    return AllreduceMeter()
+
+
 def run(config: WorkerConfig) -> None:
     if config.threads_per_rank == 1:
         pin_to_one_core()
@@ -119,7 +164,7 @@ def run(config: WorkerConfig) -> None:
     import tensorflow as tf
 
     from training import models
-    from training.input import load_split, make_train_dataset
+    from training.input import InputSpec, load_split, make_train_dataset
 
     # petastorm 0.13.1 reads through pyarrow's legacy ParquetDataset, which warns on every
     # call; pyarrow stays at 14 for it (docs/STACK.md).
@@ -136,30 +181,30 @@ def run(config: WorkerConfig) -> None:
     _configure_threads(hvd.local_size(), config.threads_per_rank)
     tf.keras.utils.set_random_seed(config.seed)
 
-    reader, dataset = make_train_dataset(
-        config.train_url,
-        rank=rank,
-        num_ranks=num_ranks,
-        batch_size=config.batch_size,
-        image_shape=config.image_shape,
-        seed=config.seed,
-        shuffle_buffer=config.shuffle_buffer,
-    )
-    model = models.build(
-        config.model,
-        image_shape=config.image_shape,
-        num_classes=config.num_classes,
-        augment=config.augment,
-    )
+    spec = InputSpec(**config.spec)
+
+    def build_model(augment: bool) -> Any:
+        return models.build(
+            config.model,
+            input_shape=spec.input_shape,
+            num_classes=config.num_classes,
+            mean=config.mean,
+            std=config.std,
+            augment=augment,
+        )
+
+    model = build_model(config.augment)
     # Horovod: scale the learning rate by the number of ranks (the global batch grows with it).
     scaled_lr = config.learning_rate * num_ranks
     # Horovod: average gradients across ranks with allreduce; with K backward passes per step,
     # gradients of K local batches are summed locally and sent once (K times less traffic).
+    sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="allreduce_bytes")
+    compression = hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.legacy.Adam(scaled_lr),
         backward_passes_per_step=config.backward_passes_per_step,
         average_aggregated_gradients=True,
-        compression=hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none,
+        compression=counting_compression(compression, sent),
     )
     model.compile(
         optimizer=optimizer,
@@ -176,6 +221,22 @@ def run(config: WorkerConfig) -> None:
         if weights is not None:
             model.load_weights(str(weights))  # rank 0; the broadcast below reaches the others
             print(f"resuming after epoch {done} from {weights}", flush=True)
+    # Epochs initial_epoch.. in their planned order (a resumed run reads what it would have).
+    dataset = make_train_dataset(
+        config.train_url,
+        spec,
+        rank=rank,
+        num_ranks=num_ranks,
+        batch_size=config.batch_size,
+        steps_per_epoch=config.steps_per_epoch,
+        seed=config.seed,
+        shuffle_buffer=config.shuffle_buffer,
+        first_epoch=initial_epoch,
+        epochs=config.epochs,
+    )
+    validation = (
+        load_split(config.validation_dir, spec) if config.validation_dir is not None else None
+    )
     callbacks: list[Any] = [
         # Horovod: start every rank from rank 0's initial weights.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -213,20 +274,19 @@ def run(config: WorkerConfig) -> None:
             tf.keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard"), profile_batch=0)
         )
     timer = epoch_timer()
-    callbacks.append(timer)
+    meter = allreduce_meter(sent)
+    callbacks += [timer, meter]
     started = time.perf_counter()
-    try:
-        history = model.fit(
-            dataset,
-            steps_per_epoch=config.steps_per_epoch,
-            epochs=config.epochs,
-            initial_epoch=initial_epoch,
-            callbacks=callbacks,
-            verbose=2 if rank == 0 else 0,
-        )
-    finally:
-        reader.stop()
-        reader.join()
+    history = model.fit(
+        dataset,
+        steps_per_epoch=config.steps_per_epoch,
+        epochs=config.epochs,
+        initial_epoch=initial_epoch,
+        callbacks=callbacks,
+        validation_data=validation,
+        validation_batch_size=1024,
+        verbose=2 if rank == 0 else 0,
+    )
     train_seconds = time.perf_counter() - started
     if rank != 0:
         return
@@ -247,24 +307,26 @@ def run(config: WorkerConfig) -> None:
         "compression": config.compression,
         "resumed_after_epoch": initial_epoch,
         "gradient_values": gradient_values,
-        "allreduce_bytes_per_epoch": gradient_values * value_bytes * allreduces,
+        # Measured: bytes rank 0 handed to allreduce in each epoch (after compression).
+        "allreduce_bytes_by_epoch": meter.per_epoch,
+        "allreduce_bytes_per_epoch": int(np.mean(meter.per_epoch)) if meter.per_epoch else 0,
+        # Computed from the model, for comparison: every gradient once per optimizer step.
+        "allreduce_bytes_per_epoch_computed": gradient_values * value_bytes * allreduces,
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "epoch_seconds": timer.seconds,
         "train_seconds": train_seconds,
         "samples_per_second": samples_per_epoch * epochs_run / train_seconds,
     }
     if config.evaluate:
-        export = models.build(
-            config.model, image_shape=config.image_shape, num_classes=config.num_classes
-        )
+        export = build_model(augment=False)
         export.set_weights(model.get_weights())
-        x_test, y_test = load_split(config.test_dir, config.image_shape)
+        x_test, y_test = load_split(config.test_dir, spec)
         predictions = np.argmax(export.predict(x_test, batch_size=1024, verbose=0), axis=1)
         metrics["test_accuracy"] = float(np.mean(predictions == y_test))
         metrics["test_rows"] = len(y_test)
         export.save(run_dir / "model.keras")
         print(
-            f"test accuracy {metrics['test_accuracy']:.4f} on {len(y_test)} held-out images",
+            f"test accuracy {metrics['test_accuracy']:.4f} on {len(y_test)} held-out rows",
             flush=True,
         )
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
@@ -286,6 +348,10 @@ def plot_curves(metrics: dict[str, Any], path: Path) -> None:
     loss_axes.plot(epochs, history["loss"], marker="o")
     loss_axes.set(title="training loss", xlabel="epoch", ylabel="loss")
     accuracy_axes.plot(epochs, history["accuracy"], marker="o", label="training (all ranks)")
+    if "val_loss" in history:
+        loss_axes.plot(epochs, history["val_loss"], marker="o", label="validation")
+        loss_axes.legend(loc="upper right")
+        accuracy_axes.plot(epochs, history["val_accuracy"], marker="o", label="validation")
     if "test_accuracy" in metrics:
         accuracy_axes.axhline(
             metrics["test_accuracy"],

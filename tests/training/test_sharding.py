@@ -1,73 +1,123 @@
-"""The same processed data read by 1, 2 and 4 ranks through petastorm, as training reads it."""
+"""The same processed data read by 1, 2 and 4 ranks through petastorm, as training reads it:
+every sample once per epoch, equal counts, a new order every epoch that the lineage names."""
 
 from __future__ import annotations
 
-import warnings
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from petastorm import make_batch_reader
 
 from data_catalog import Catalog, Manifest
-from preprocessing.images import write_shard
-from preprocessing.plan import PlanConfig, plan_training_split
-from preprocessing.sources import idx
-from training.launcher import row_groups_by_rank
+from preprocessing.engine import JobOptions, run_locally
+from preprocessing.images import plan_job
+from preprocessing.plan import PlanConfig
+from preprocessing.sources import idx, mnist
+from training.input import InputSpec, SplitLayout, _reader, epoch_batches, epoch_seed
+from training.launcher import row_groups_by_epoch
 
 ROWS = 2_000
+SEED = 3
 
 
 @pytest.fixture(scope="module")
 def processed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Catalog, Manifest]:
     root = tmp_path_factory.mktemp("sharding")
     rng = np.random.default_rng(5)
-    images, labels = root / "images", root / "labels"
-    idx.write(images, rng.integers(0, 256, (ROWS, 28, 28), dtype=np.uint8), compress=False)
-    idx.write(labels, rng.integers(0, 10, ROWS, dtype=np.uint8), compress=False)
-    plan = plan_training_split("train", ROWS, PlanConfig(target_rows_per_shard=750))
+    source = root / "source"
+    source.mkdir()
+    for prefix, n in (("train", ROWS), ("t10k", 100)):
+        idx.write(
+            source / f"{prefix}-images-idx3-ubyte",
+            rng.integers(0, 256, (n, 28, 28), np.uint8),
+            compress=False,
+        )
+        idx.write(
+            source / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, np.uint8), compress=False
+        )
     catalog = Catalog(root / "catalog")
-    with catalog.stage("sharding-processed", kind="processed") as stage:
-        for shard in plan.shards:
-            write_shard(str(images), str(labels), shard, str(stage.path))
-        manifest = stage.commit(rows=plan.rows)
-    assert len(manifest.files) > 1  # several files: the global row-group order matters
+    mnist.ingest(catalog, "mnist", source=str(source), download_cache=root / "downloads")
+    options = JobOptions(
+        plan=PlanConfig(rank_multiple=8, target_rows_per_group=100, target_rows_per_shard=600),
+        validation_fraction=0,
+    )
+    job = plan_job(catalog, catalog.get("mnist"), options)
+    scans, written = run_locally(job, root / "work")
+    with catalog.stage(job.name, kind="processed") as stage:
+        manifest = job.commit(stage, scans, written, root / "work")
+    assert len([f for f in manifest.files if f.path.startswith("train/")]) > 1
     return catalog, manifest
 
 
-def read_rank(url: str, rank: int, num_ranks: int) -> list[int]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        with make_batch_reader(
-            url,
-            schema_fields=["index"],
-            cur_shard=rank,
-            shard_count=num_ranks,
-            num_epochs=1,
-            shuffle_row_groups=True,
-            seed=3,
-            reader_pool_type="dummy",
-        ) as reader:
-            return [int(i) for batch in reader for i in batch.index]
+def _indices_of_group(directory: Path, name: str) -> list[int]:
+    path, group = name.split("#")
+    table = pq.ParquetFile(directory / path).read_row_group(int(group), ["index"])
+    return [int(i) for i in table.column("index").to_pylist()]
 
 
 @pytest.mark.parametrize("num_ranks", [1, 2, 4])
-def test_every_sample_once_per_epoch_with_equal_counts(
+def test_every_sample_once_per_epoch_in_the_recorded_order(
     processed: tuple[Catalog, Manifest], num_ranks: int
 ) -> None:
     catalog, manifest = processed
-    train = catalog.version_dir(manifest.name, manifest.version) / "train"
-    seen = [read_rank(train.as_uri(), rank, num_ranks) for rank in range(num_ranks)]
-    assert {len(s) for s in seen} == {ROWS // num_ranks}
-    everything = sorted(i for s in seen for i in s)
-    assert everything == list(range(ROWS))
+    directory = catalog.version_dir(manifest.name, manifest.version)
+    spec = InputSpec.of(manifest.schema)
+    recorded = row_groups_by_epoch(manifest, num_ranks, SEED, epochs=2)
+    orders = []
+    for epoch in (0, 1):
+        seen = []
+        for rank in range(num_ranks):
+            reader = _reader(
+                (directory / "train").as_uri(),
+                spec,
+                rank=rank,
+                num_ranks=num_ranks,
+                seed=epoch_seed(SEED, epoch),
+                columns=["index"],
+            )
+            with reader:
+                groups = [[int(i) for i in batch.index] for batch in reader]
+            # The lineage names exactly the row groups this rank read, in its reading order.
+            expected = recorded[str(epoch + 1)][str(rank)]
+            assert groups == [_indices_of_group(directory, name) for name in expected]
+            seen.append([i for g in groups for i in g])
+        assert {len(s) for s in seen} == {manifest.statistics["train"]["rows"] // num_ranks}
+        assert sorted(i for s in seen for i in s) == sorted(
+            pq.read_table(directory / "train", columns=["index"]).column("index").to_pylist()
+        )
+        orders.append(seen)
+    # A new order every epoch, the same set per rank.
+    assert orders[0] != orders[1]
+    assert [sorted(s) for s in orders[0]] == [sorted(s) for s in orders[1]]
 
-    # The lineage recorded for a model names exactly the row groups each rank read.
-    expected = row_groups_by_rank(manifest, num_ranks)
-    for rank, indices in enumerate(seen):
-        groups = set()
-        for name in expected[str(rank)]:
-            path, group = name.split("#")
-            table = pq.ParquetFile(train.parent / path).read_row_group(int(group), ["index"])
-            groups.update(table.column("index").to_pylist())
-        assert groups == set(indices)
+
+def test_epoch_batches_are_exact_and_deterministic(processed: tuple[Catalog, Manifest]) -> None:
+    catalog, manifest = processed
+    directory = catalog.version_dir(manifest.name, manifest.version)
+    spec = InputSpec.of(manifest.schema)
+    stats = manifest.statistics["train"]
+    layout = SplitLayout(
+        rows_per_group=stats["rows_per_group"], num_row_groups=stats["num_row_groups"]
+    )
+    steps = layout.steps_per_epoch(3, 32)
+
+    def labels(epoch: int, rank: int) -> list[int]:
+        chunks = epoch_batches(
+            (directory / "train").as_uri(),
+            spec,
+            rank=rank,
+            num_ranks=3,
+            seed=SEED,
+            epoch=epoch,
+            batch_size=32,
+            steps=steps,
+            shuffle_buffer=256,
+        )
+        return [int(v) for _x, y in chunks for v in y]
+
+    first = labels(0, 1)
+    assert len(first) == steps * 32  # equal steps on every rank, whatever its share
+    assert labels(0, 1) == first  # same seed, epoch and ranks: the same order
+    assert labels(1, 1) != first
+    assert len(labels(0, 0)) == len(labels(0, 2)) == steps * 32
