@@ -101,6 +101,8 @@ def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> d
         "backward_passes_per_step": metrics["backward_passes_per_step"],
         "compression": metrics["compression"],
         "allreduce_bytes_per_epoch": metrics["allreduce_bytes_per_epoch"],
+        "allreduce_bytes_by_epoch": metrics.get("allreduce_bytes_by_epoch"),
+        "allreduce_bytes_per_epoch_computed": metrics.get("allreduce_bytes_per_epoch_computed"),
         "resumed_after_epoch": metrics["resumed_after_epoch"],
         "run_dir": manifest.extra.get("run_dir"),
     }

@@ -297,7 +297,8 @@ def run(config: WorkerConfig) -> None:
     # step (one step per K backward passes), at 2 bytes per value with fp16 compression.
     gradient_values = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     value_bytes = 2 if config.compression == "fp16" else 4
-    allreduces = -(-config.steps_per_epoch // config.backward_passes_per_step)
+    # One allreduce per K steps, counted across epoch ends (Horovod carries the partial sum).
+    allreduces = config.steps_per_epoch / config.backward_passes_per_step
     metrics: dict[str, Any] = {
         "num_ranks": num_ranks,
         "epochs": config.epochs,
@@ -311,7 +312,7 @@ def run(config: WorkerConfig) -> None:
         "allreduce_bytes_by_epoch": meter.per_epoch,
         "allreduce_bytes_per_epoch": int(np.mean(meter.per_epoch)) if meter.per_epoch else 0,
         # Computed from the model, for comparison: every gradient once per optimizer step.
-        "allreduce_bytes_per_epoch_computed": gradient_values * value_bytes * allreduces,
+        "allreduce_bytes_per_epoch_computed": round(gradient_values * value_bytes * allreduces),
         "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
         "epoch_seconds": timer.seconds,
         "train_seconds": train_seconds,

@@ -1,0 +1,59 @@
+"""Models by name: the right input, logits out, normalisation inside, clear refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_catalog.errors import ShardflowError
+from training import models
+from training.launcher import TrainConfig, launch
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("cnn", (28, 28, 1)),
+        ("mobilenetv2", (32, 32, 3)),
+        ("mobilenetv2", (28, 28, 1)),
+        ("resnet50", (32, 32, 3)),
+    ],
+)
+def test_image_models_give_logits_per_class(name: str, shape: tuple[int, ...]) -> None:
+    model = models.build(
+        name, input_shape=shape, num_classes=10, mean=[0.5] * shape[-1], std=[0.25] * shape[-1]
+    )
+    out = model.predict(np.zeros((2, *shape), np.float32), verbose=0)
+    assert out.shape == (2, 10)
+
+
+def test_dnn_normalises_its_features() -> None:
+    mean, std = [10.0, -3.0, 100.0], [2.0, 1.0, 50.0]
+    model = models.build("dnn", input_shape=(3,), num_classes=3, mean=mean, std=std)
+    normalise = model.layers[1]
+    x = np.array([[12.0, -3.0, 0.0]], np.float32)
+    np.testing.assert_allclose(normalise(x).numpy(), [[1.0, 0.0, -2.0]], rtol=1e-5)
+    assert model.predict(x, verbose=0).shape == (1, 3)
+
+
+def test_a_model_must_suit_the_data() -> None:
+    with pytest.raises(ValueError, match="does not take tabular data; for tabular use: dnn"):
+        models.check("resnet50", "tabular")
+    with pytest.raises(ValueError, match="for images use: cnn, mobilenetv2, resnet50"):
+        models.check("dnn", "images")
+
+
+def test_mpi_controller_needs_horovod_built_with_mpi(tmp_path: Path) -> None:
+    import horovod.tensorflow as hvd
+
+    config = TrainConfig(controller="mpi")
+    if hvd.mpi_built():
+        pytest.skip("this Horovod has MPI")
+    with pytest.raises(ShardflowError, match="built without MPI; use --controller gloo"):
+        launch(config, tmp_path, lambda _m: None)
+    with pytest.raises(ShardflowError, match="unknown controller"):
+        TrainConfig(controller="nccl")
+    with pytest.raises(ShardflowError, match="--hosts or --hostfile, not both"):
+        TrainConfig(hosts="a:1", hostfile="hosts.txt")
