@@ -398,23 +398,14 @@ def cmd_bench(ctx: Context, args: argparse.Namespace) -> int:
         ]
         emit(ctx, result, lines)
         return 0
+    sizes = {
+        k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size)) if v is not None
+    }
     if args.benchmark == "reader":
-        result = bench.bench_reader(
-            catalog,
-            args.dataset,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            progress=ctx.progress,
-        )
+        result = bench.bench_reader(catalog, args.dataset, progress=ctx.progress, **sizes)
         human = f"streaming ÷ in-memory epoch time: {result['ratio']:.3f}"
     else:
-        result = bench.bench_scaling(
-            catalog,
-            args.dataset,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            progress=ctx.progress,
-        )
+        result = bench.bench_scaling(catalog, args.dataset, progress=ctx.progress, **sizes)
         human = f"samples/s, 2 ranks ÷ 1 rank (1 thread each): {result['ratio']:.3f}"
     emit(ctx, result, [human])
     return 0
@@ -794,8 +785,12 @@ def build_parser() -> argparse.ArgumentParser:
         "aggregation: ranks x backward passes per step -> allreduce bytes, test accuracy",
     )
     _add_dataset(bench)
-    bench.add_argument("--steps", type=_positive, default=300, help="steps timed per run")
-    bench.add_argument("--batch-size", type=_positive, default=32, help="per rank (default: 32)")
+    bench.add_argument(
+        "--steps", type=_positive, help="steps timed per run (default: reader 300, scaling 100)"
+    )
+    bench.add_argument(
+        "--batch-size", type=_positive, help="per rank (default: reader 32, scaling 128)"
+    )
     bench.add_argument(
         "--epochs", type=_positive, default=3, help="aggregation: epochs per run (default: 3)"
     )

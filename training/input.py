@@ -159,11 +159,12 @@ def _reader(
         "num_epochs": 1,
         "shuffle_row_groups": True,
         "seed": seed,
-        # Read in the calling thread, row group after row group, in the planned order: tf.data
-        # runs this generator in a thread of its own and prefetches its batches, and decoding
-        # a row group costs far less than training on it. (With petastorm's thread pool, a
-        # 1-row-group split read on rank 1 of 2 came back empty now and then.)
-        "reader_pool_type": "dummy",
+        # One reading thread keeps the planned order and overlaps reading with the generator's
+        # own work. make_reader (the Petastorm format) reads in the calling thread instead:
+        # through its thread pool, a 1-row-group split opened on rank 1 of 2 came back empty
+        # now and then (docs/STACK.md).
+        "reader_pool_type": "dummy" if spec.format == "petastorm" else "thread",
+        "workers_count": 1,
     }
     with warnings.catch_warnings():
         # pyarrow's legacy dataset API (FutureWarning) and a note that schema_fields are
