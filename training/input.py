@@ -159,12 +159,11 @@ def _reader(
         "num_epochs": 1,
         "shuffle_row_groups": True,
         "seed": seed,
-        # One reading thread keeps the planned order and overlaps reading with the generator's
-        # own work. make_reader (the Petastorm format) reads in the calling thread instead:
-        # through its thread pool, a 1-row-group split opened on rank 1 of 2 came back empty
-        # now and then (docs/STACK.md).
-        "reader_pool_type": "dummy" if spec.format == "petastorm" else "thread",
-        "workers_count": 1,
+        # Read in the calling thread, row group after row group, in the planned order: tf.data
+        # runs this generator in a thread of its own and prefetches. Through petastorm's thread
+        # pool (even with one worker) a rank's reader came back short or reordered now and
+        # then under horovodrun (docs/STACK.md).
+        "reader_pool_type": "dummy",
     }
     with warnings.catch_warnings():
         # pyarrow's legacy dataset API (FutureWarning) and a note that schema_fields are

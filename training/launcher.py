@@ -288,7 +288,7 @@ def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
     command += [sys.executable, "-m", "training.worker", str(run_dir / "worker.json")]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     progress("$ " + " ".join(command))
-    tail: deque[str] = deque(maxlen=20)
+    tail: deque[str] = deque(maxlen=200)
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as proc:
@@ -325,9 +325,14 @@ def _failure_message(returncode: int, tail: list[str]) -> str:
             number = exit_code - 128 if exit_code > 128 else -exit_code
             with contextlib.suppress(ValueError):
                 how += f" ({signal.Signals(number).name})"
+        # The rank's own last error line, when it printed one (a killed rank prints none).
+        errors = re.findall(
+            rf"\[{re.escape(rank.group(1))}\]<stderr>:\s*(\w+(?:Error|Exception): .*)", text
+        )
+        cause = f" ({errors[-1].strip()[:200]})" if errors else ""
         return (
-            f"training stopped: rank {rank.group(1)} ended with {how} and horovodrun stopped "
-            "the other ranks; rerun with --resume to continue from the last checkpoint"
+            f"training stopped: rank {rank.group(1)} ended with {how}{cause} and horovodrun "
+            "stopped the other ranks; rerun with --resume to continue from the last checkpoint"
         )
     last = next((t for t in reversed(tail) if "Error" in t), tail[-1] if tail else "")
     return f"horovodrun exited with {returncode}: {last.strip()}"
