@@ -30,7 +30,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest, ParentRef, Staging, code_version, version_id
+from data_catalog import Catalog, Manifest, ParentRef, Staging
 from data_catalog.errors import ShardflowError
 from preprocessing import schemas, splits
 from preprocessing.engine import (
@@ -38,6 +38,7 @@ from preprocessing.engine import (
     Result,
     TaskSpec,
     finished_parquet,
+    processed_version,
     write_parquet,
 )
 from preprocessing.plan import (
@@ -177,13 +178,19 @@ def _gather(task: ShardTask, records: npt.NDArray[np.int64]) -> tuple[Any, Any]:
 
 
 def channel_sums(images: npt.NDArray[np.uint8], channels: int) -> Result:
-    """Count, sum and sum of squares of pixel/255 per channel (float64), to be combined."""
-    values = images.reshape(-1, channels).astype(np.float64) / 255.0
-    return {
-        "count": int(values.shape[0]),
-        "sum": values.sum(axis=0).tolist(),
-        "sumsq": np.square(values).sum(axis=0).tolist(),
-    }
+    """Count, sum and sum of squares of pixel/255 per channel, to be combined.
+
+    Counted exactly: a histogram of the 256 levels per channel, then integer dot products
+    (no float copy of every pixel; each shard's figures are the same on every run).
+    """
+    pixels = images.reshape(-1, channels)
+    levels = np.arange(256, dtype=np.int64)
+    sums, sumsq = [], []
+    for channel in range(channels):
+        counts = np.bincount(pixels[:, channel], minlength=256).astype(np.int64)
+        sums.append(int(counts @ levels) / 255.0)
+        sumsq.append(int(counts @ (levels * levels)) / 255.0**2)
+    return {"count": int(pixels.shape[0]), "sum": sums, "sumsq": sumsq}
 
 
 def write_shard(task: ShardTask) -> Result:
@@ -452,14 +459,7 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
     return ImageJob(
         raw=raw,
         name=name,
-        version=version_id(
-            name=name,
-            kind="processed",
-            parents=parents,
-            sources=(),
-            parameters=parameters,
-            code_version=code_version(),
-        ),
+        version=processed_version(name, parents, parameters),
         parents=parents,
         parameters=parameters,
         parts=tuple(parts),

@@ -28,10 +28,17 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest, ParentRef, Staging, code_version, version_id
+from data_catalog import Catalog, Manifest, ParentRef, Staging
 from data_catalog.errors import ShardflowError
 from preprocessing import schemas, splits
-from preprocessing.engine import JobOptions, Result, TaskSpec, finished_parquet, write_parquet
+from preprocessing.engine import (
+    JobOptions,
+    Result,
+    TaskSpec,
+    finished_parquet,
+    processed_version,
+    write_parquet,
+)
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -382,14 +389,7 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
     return SdssJob(
         raw=raw,
         name=name,
-        version=version_id(
-            name=name,
-            kind="processed",
-            parents=parents,
-            sources=(),
-            parameters=parameters,
-            code_version=code_version(),
-        ),
+        version=processed_version(name, parents, parameters),
         parents=parents,
         parameters=parameters,
         pieces=tuple(pieces),

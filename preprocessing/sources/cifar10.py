@@ -15,7 +15,6 @@ raw catalog version "cifar10" (rows = train + test images)
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 import posixpath
@@ -31,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from data_catalog import Catalog, Manifest
-from preprocessing.sources.fetch import download
+from preprocessing.sources.fetch import download, sha256_file
 from preprocessing.sources.mnist import SourceError
 
 __all__ = ["CLASS_NAMES", "SourceError", "ingest", "read_batch", "read_cifar10"]
@@ -281,14 +280,6 @@ def _format_of(found: dict[str, Path], source: str) -> str:
     raise SourceError(f"{source}: lacks {', '.join(missing)} ({best} CIFAR-10 batches)")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @dataclass(frozen=True)
 class _Gathered:
     files: dict[str, Path]  # the batch (and meta) files of one format, by name
@@ -316,7 +307,7 @@ def _gather(source: str, dest: Path, progress: Progress, *, copy: bool) -> _Gath
     elif path.is_dir():
         found = _from_directory(path, dest if copy else None)
     else:
-        archive_sha256 = _sha256(path)
+        archive_sha256, _size = sha256_file(path)
         found = _from_archive(path, dest, progress, label=source)
     fmt = _format_of(found, source)
     spec = FORMATS[fmt]
@@ -379,7 +370,7 @@ def ingest(
             {
                 "uri": gathered.uri,
                 "file": name,
-                "sha256": _sha256(found[name]),
+                "sha256": sha256_file(found[name])[0],
                 "bytes": found[name].stat().st_size,
                 **({"archive_sha256": archive_sha256} if archive_sha256 else {}),
             }
