@@ -591,6 +591,8 @@ def _fraction(text: str) -> float:
 
 
 def _add_preprocess_options(parser: argparse.ArgumentParser) -> None:
+    from preprocessing.engine import usable_cores
+
     parser.add_argument(
         "--rank-multiple",
         type=_positive,
@@ -637,8 +639,10 @@ def _add_preprocess_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
         type=_positive,
-        default=2,
-        help="Dask LocalCluster worker processes (default: 2)",
+        default=usable_cores(),
+        metavar="N",
+        help="Dask LocalCluster worker processes, one thread and 2 GiB each "
+        f"(default: one per usable core, here {usable_cores()})",
     )
     parser.add_argument(
         "--scheduler",

@@ -37,7 +37,14 @@ from prefect_dask import DaskTaskRunner
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
 from flows import stages
-from preprocessing.engine import ClusterConfig, JobOptions, Result, TaskSpec, job_dir
+from preprocessing.engine import (
+    ClusterConfig,
+    JobOptions,
+    Result,
+    TaskSpec,
+    job_dir,
+    usable_cores,
+)
 from preprocessing.jobs import plan as plan_preprocessing
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
@@ -190,13 +197,14 @@ def _run_in_window(
 def preprocess_flow(
     dataset: str,
     home: str | None = None,
-    workers: int = 2,
+    workers: int | None = None,
     scheduler: str | None = None,
     options: JobOptions | None = None,
 ) -> dict[str, Any]:
     """The latest raw version → processed shards: scan and write task runs on Dask."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
+    workers = workers or usable_cores()
     logger = get_run_logger()
     catalog = _catalog(home)
     job = plan_preprocessing(catalog, dataset, options or JobOptions())
@@ -289,15 +297,16 @@ def _share_api_with_dask_workers() -> None:
 
 
 def run_preprocess_flow(
-    dataset: str, home: str, workers: int, scheduler: str | None, options: JobOptions
+    dataset: str, home: str, workers: int | None, scheduler: str | None, options: JobOptions
 ) -> dict[str, Any]:
     """The preprocess flow on a Dask cluster of the asked shape."""
     _share_api_with_dask_workers()
-    runner = _dask_runner(ClusterConfig(workers=workers, scheduler=scheduler))
+    cluster = ClusterConfig(workers=workers or usable_cores(), scheduler=scheduler)
+    runner = _dask_runner(cluster)
     result: dict[str, Any] = preprocess_flow.with_options(task_runner=runner)(
         dataset=dataset,
         home=home,
-        workers=workers,
+        workers=cluster.workers,
         scheduler=scheduler,
         options=options,
     )
@@ -398,7 +407,7 @@ def pipeline(
     dataset: str,
     home: str | None = None,
     source: str | None = None,
-    workers: int = 2,
+    workers: int | None = None,
     scheduler: str | None = None,
     options: JobOptions | None = None,
     train: TrainConfig | None = None,

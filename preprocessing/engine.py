@@ -31,12 +31,22 @@ Progress = Callable[[str], None]
 Result = dict[str, Any]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset
+    narrow), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """Where the Dask work runs."""
 
-    workers: int = 2
-    """Worker processes of the LocalCluster (one thread each); ignored with ``scheduler``."""
+    workers: int = field(default_factory=lambda: usable_cores())
+    """Worker processes of the LocalCluster (one thread each; default: one per usable core);
+    ignored with ``scheduler``."""
     scheduler: str | None = None
     """Address of an existing Dask scheduler (tcp://host:8786); its workers must see the
     catalog's directory at the same path."""
