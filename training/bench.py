@@ -197,25 +197,39 @@ def _matmul_rate(core: int, seconds: float, results: Any) -> None:
     results.put(n / (time.perf_counter() - started))
 
 
+# The BLAS libraries numpy may use start their thread pools when numpy is imported, from these
+# variables; the pinning in _matmul_rate reaches only the calling thread.
+_ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def machine_ceiling(seconds: float = 4.0) -> float:
     """What two cores give over one for pure compute here: the same matrix products in two
-    processes pinned to two cores ÷ in one. A shared or hyper-threaded host gives less than 2,
-    and no distributed training can scale past it."""
+    processes pinned to two cores ÷ in one, each with a single BLAS thread. A shared or
+    hyper-threaded host gives less than 2 (a quiet 2-core one about 1.99)."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager:
-        rates = []
-        for cores in ([0], [0, 1]):
-            queue = manager.Queue()
-            processes = [
-                context.Process(target=_matmul_rate, args=(c, seconds, queue)) for c in cores
-            ]
-            for process in processes:
-                process.start()
-            for process in processes:
-                process.join()
-            rates.append(sum(queue.get() for _ in cores))
+    saved = {name: os.environ.get(name) for name in _ONE_BLAS_THREAD}
+    os.environ.update(_ONE_BLAS_THREAD)  # spawned children inherit it before importing numpy
+    try:
+        with context.Manager() as manager:
+            rates = []
+            for cores in ([0], [0, 1]):
+                queue = manager.Queue()
+                processes = [
+                    context.Process(target=_matmul_rate, args=(c, seconds, queue)) for c in cores
+                ]
+                for process in processes:
+                    process.start()
+                for process in processes:
+                    process.join()
+                rates.append(sum(queue.get() for _ in cores))
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     ratio: float = rates[1] / rates[0]
     return ratio
 
