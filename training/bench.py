@@ -12,7 +12,8 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,8 @@ def bench_scaling(
                 threads_per_rank=1,
                 evaluate=False,
             ).dump(run_dir / "worker.json")
-            launch(TrainConfig(num_ranks=num_ranks, batch_size=batch_size), run_dir, progress)
+            with one_blas_thread():
+                launch(TrainConfig(num_ranks=num_ranks, batch_size=batch_size), run_dir, progress)
             metrics = json.loads((run_dir / "metrics.json").read_text())
             # Epochs after the first: the first includes graph tracing and filling the pipeline.
             rates = [steps * batch_size * num_ranks / s for s in metrics["epoch_seconds"][1:]]
@@ -197,9 +199,25 @@ def _matmul_rate(core: int, seconds: float, results: Any) -> None:
     results.put(n / (time.perf_counter() - started))
 
 
-# The BLAS libraries numpy may use start their thread pools when numpy is imported, from these
-# variables; the pinning in _matmul_rate reaches only the calling thread.
+# The BLAS libraries numpy may use start their thread pools when numpy is imported, sized from
+# these variables; pinning a process later (sched_setaffinity) reaches only its calling thread.
 _ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """Processes started inside this block (which inherit the environment) run one BLAS
+    thread, so that pinning them to a core holds all their compute there."""
+    saved = {name: os.environ.get(name) for name in _ONE_BLAS_THREAD}
+    os.environ.update(_ONE_BLAS_THREAD)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def machine_ceiling(seconds: float = 4.0) -> float:
@@ -209,27 +227,18 @@ def machine_ceiling(seconds: float = 4.0) -> float:
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    saved = {name: os.environ.get(name) for name in _ONE_BLAS_THREAD}
-    os.environ.update(_ONE_BLAS_THREAD)  # spawned children inherit it before importing numpy
-    try:
-        with context.Manager() as manager:
-            rates = []
-            for cores in ([0], [0, 1]):
-                queue = manager.Queue()
-                processes = [
-                    context.Process(target=_matmul_rate, args=(c, seconds, queue)) for c in cores
-                ]
-                for process in processes:
-                    process.start()
-                for process in processes:
-                    process.join()
-                rates.append(sum(queue.get() for _ in cores))
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with one_blas_thread(), context.Manager() as manager:
+        rates = []
+        for cores in ([0], [0, 1]):
+            queue = manager.Queue()
+            processes = [
+                context.Process(target=_matmul_rate, args=(c, seconds, queue)) for c in cores
+            ]
+            for process in processes:
+                process.start()
+            for process in processes:
+                process.join()
+            rates.append(sum(queue.get() for _ in cores))
     ratio: float = rates[1] / rates[0]
     return ratio
 
