@@ -1,8 +1,11 @@
-"""A rank dies mid-epoch: the job ends promptly with a clear message, and --resume finishes it."""
+"""A rank dies mid-epoch: the job ends promptly with a clear message, and --resume finishes it
+with the accuracy of a run that was never interrupted."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +35,10 @@ def test_killed_rank_stops_the_job_and_resume_finishes(
 ) -> None:
     assert shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset)).returncode == 0
     assert shardflow("preprocess", "fashion-mnist").returncode == 0
+    # A second home with the same raw and processed versions, for a run that is never killed
+    # (in the first home its model version would be the resumed run's, found and not retrained).
+    clean_home = tmp_path / "clean-home"
+    shutil.copytree(shardflow_home, clean_home)
 
     train = ["train", "fashion-mnist", "--np", "2", "--epochs", "5", "--batch-size", "8"]
     env = {
@@ -77,3 +84,20 @@ def test_killed_rank_stops_the_job_and_resume_finishes(
     assert result["resumed_after_epoch"] >= 2
     assert result["epochs"] == 5
     assert result["test_accuracy"] >= 0.70
+
+    # The same training without the kill lands in the same band.
+    clean = subprocess.run(
+        [str(executable), *train, "--json"],
+        capture_output=True,
+        text=True,
+        env={**env, "SHARDFLOW_HOME": str(clean_home)},
+        timeout=900,
+    )
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    clean_result = json.loads(clean.stdout.strip().splitlines()[-1])
+    assert clean_result["resumed_after_epoch"] == 0
+    assert clean_result["version"] == result["version"]  # the same configuration
+    assert abs(result["test_accuracy"] - clean_result["test_accuracy"]) <= 0.05, (
+        result["test_accuracy"],
+        clean_result["test_accuracy"],
+    )
