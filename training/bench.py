@@ -45,7 +45,7 @@ def bench_reader(
     *,
     steps: int = 300,
     batch_size: int = 32,
-    rounds: int = 3,
+    rounds: int = 5,
     progress: Progress = lambda _msg: None,
 ) -> dict[str, Any]:
     """Epoch time streaming ÷ epoch time from memory (1.0 = streaming costs nothing)."""
