@@ -85,30 +85,16 @@ def emit(ctx: Context, result: dict[str, Any], human: Sequence[str]) -> None:
 def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
-    catalog = ctx.catalog()
-    if args.dataset == "sdss":
-        result = stages.ingest_sdss(
-            catalog,
-            source=args.source,
-            skyserver_url=args.skyserver_url,
-            data_release=args.data_release,
-            limit=args.limit,
-            progress=ctx.progress,
-        )
-    elif args.dataset == "cifar10":
-        if args.source is None:
-            raise ShardflowError(
-                "cifar10 needs --source: a directory of batches, a .tar.gz, or its URL"
-            )
-        result = stages.ingest_cifar10(catalog, source=args.source, progress=ctx.progress)
-    else:
-        result = stages.ingest(
-            catalog,
-            args.dataset,
-            source=args.source,
-            progress=ctx.progress,
-            work_dir=ctx.work_dir,
-        )
+    result = stages.ingest(
+        ctx.catalog(),
+        args.dataset,
+        source=args.source,
+        progress=ctx.progress,
+        work_dir=ctx.work_dir,
+        skyserver_url=args.skyserver_url,
+        data_release=args.data_release,
+        limit=args.limit,
+    )
     split = (
         f" ({result['train_rows']:,} train + {result['test_rows']:,} test)"
         if "train_rows" in result
@@ -773,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=cmd_train)
 
     run = commands.add_parser("run", help="ingest, preprocess and train as one Prefect flow run")
-    _add_dataset(run, IMAGE_DATASETS)
+    _add_dataset(run)
     _add_ingest_options(run)
     _add_preprocess_options(run)
     _add_train_options(run)

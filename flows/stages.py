@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from data_catalog import Catalog, Manifest
+from data_catalog.errors import ShardflowError
 from preprocessing.engine import ClusterConfig, JobOptions
 from preprocessing.jobs import PreprocessConfig
 from preprocessing.jobs import preprocess as run_preprocessing
@@ -116,7 +117,27 @@ def ingest(
     progress: Progress,
     work_dir: Path,
     on_file: Callable[[dict[str, Any]], None] = lambda _file: None,
+    skyserver_url: str = sdss.DEFAULT_SKYSERVER_URL,
+    data_release: int = sdss.DEFAULT_DATA_RELEASE,
+    limit: int | None = None,
 ) -> dict[str, Any]:
+    """Any dataset's raw files into a raw version: IDX sets (``on_file`` hears of each fetched
+    file), CIFAR-10 batches (``source`` required), SDSS exports or SkyServer (``source`` None)."""
+    if dataset == "sdss":
+        return ingest_sdss(
+            catalog,
+            source=source,
+            skyserver_url=skyserver_url,
+            data_release=data_release,
+            limit=limit,
+            progress=progress,
+        )
+    if dataset == "cifar10":
+        if source is None:
+            raise ShardflowError(
+                "cifar10 needs --source: a directory of batches, a .tar.gz, or its URL"
+            )
+        return ingest_cifar10(catalog, source=source, progress=progress)
     manifest = mnist.ingest(
         catalog,
         dataset,

@@ -1,4 +1,5 @@
-"""SDSS from CasJobs-style exports to a star/galaxy/QSO classifier, as a user runs it."""
+"""SDSS from CasJobs-style exports to a star/galaxy/QSO classifier, as a user runs it: one
+flow run, then each stage alone."""
 
 from __future__ import annotations
 
@@ -20,10 +21,30 @@ def ok(result: Result) -> Result:
 def test_sdss_exports_to_a_trained_dnn(shardflow: Callable[..., Result], tmp_path: Path) -> None:
     exports = tmp_path / "exports"
     ok(shardflow("synth", "sdss", "--rows", "20000", "--files", "2", "--out", str(exports)))
-    ingested = ok(shardflow("ingest", "sdss", "--source", str(exports), "--json")).json
-    assert ingested["rows"] == 20_000
+    # The three stages as one Prefect flow run, then each stage's own command: the versions
+    # exist, so preprocess and train return them without computing again.
+    ran = ok(
+        shardflow(
+            "run",
+            "sdss",
+            "--source",
+            str(exports),
+            "--remainder",
+            "pad",
+            "--np",
+            "2",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "64",
+            "--json",
+        )
+    ).json
+    raw = ok(shardflow("catalog", "show", f"sdss@{ran['raw_version']}", "--json")).json
+    assert raw["rows"] == 20_000
 
     processed = ok(shardflow("preprocess", "sdss", "--remainder", "pad", "--json")).json
+    assert processed["version"] == ran["processed_version"]
     splits = processed["splits"]
     quarantined = processed["quarantine"]["rows"]
     assert quarantined > 0  # the synthetic exports carry SDSS's -9999 sentinels
@@ -36,6 +57,8 @@ def test_sdss_exports_to_a_trained_dnn(shardflow: Callable[..., Result], tmp_pat
     trained = ok(
         shardflow("train", "sdss", "--np", "2", "--epochs", "2", "--batch-size", "64", "--json")
     ).json
+    assert trained["version"] == ran["version"]
+    assert trained["test_accuracy"] == ran["test_accuracy"]
     assert trained["num_ranks"] == 2
     assert trained["test_accuracy"] >= 0.9
     assert trained["test_rows"] == splits["test"]["rows"]
