@@ -75,7 +75,7 @@ demo: setup
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy data_catalog preprocessing training
+	$(VENV)/bin/mypy data_catalog preprocessing training flows
 
 test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) postgres-server lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q

@@ -18,21 +18,22 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
     create_markdown_artifact,
-    create_progress_artifact,
     create_table_artifact,
-    update_progress_artifact,
 )
+from prefect.artifacts import create_progress_artifact as _create_progress_artifact
+from prefect.artifacts import update_progress_artifact as _update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from prefect_dask import DaskTaskRunner
+from prefect.task_runners import TaskRunner
+from prefect_dask.task_runners import DaskTaskRunner
 
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
@@ -48,6 +49,17 @@ from preprocessing.engine import (
 from preprocessing.jobs import plan as plan_preprocessing
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
+
+
+# Prefect's artifact functions are "sync compatible": typed as returning a value or a coroutine,
+# they return the value when called from a synchronous flow, as every flow here is.
+def create_progress_artifact(**kwargs: Any) -> UUID:
+    return cast(UUID, _create_progress_artifact(**kwargs))
+
+
+def update_progress_artifact(artifact_id: UUID, **kwargs: Any) -> None:
+    _update_progress_artifact(artifact_id, **kwargs)
+
 
 # Set by the CLI's --debug: keep the tracebacks of user errors in the flow logs.
 DEBUG_ENV = "SHARDFLOW_DEBUG"
@@ -158,19 +170,23 @@ def preprocess_task(key: str, fn: Callable[..., Result], args: tuple[Any, ...]) 
     return fn(*args)
 
 
-def _dask_runner(cluster: ClusterConfig) -> DaskTaskRunner:
+def _dask_runner(cluster: ClusterConfig) -> TaskRunner[Any]:
+    # Typed as the base class: flows declare TaskRunner[PrefectFuture[Any]], and a TaskRunner
+    # of PrefectDaskFuture is not one to mypy (the type parameter is invariant).
     if cluster.scheduler is not None:
-        return DaskTaskRunner(address=cluster.scheduler)
-    return DaskTaskRunner(
-        cluster_class="distributed.LocalCluster",
-        cluster_kwargs={
-            "n_workers": cluster.workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            "memory_limit": cluster.memory_limit,
-            "dashboard_address": "127.0.0.1:0",
-        },
-    )
+        runner = DaskTaskRunner(address=cluster.scheduler)
+    else:
+        runner = DaskTaskRunner(
+            cluster_class="distributed.LocalCluster",
+            cluster_kwargs={
+                "n_workers": cluster.workers,
+                "threads_per_worker": 1,
+                "processes": True,
+                "memory_limit": cluster.memory_limit,
+                "dashboard_address": "127.0.0.1:0",
+            },
+        )
+    return cast(TaskRunner[Any], runner)
 
 
 def _run_in_window(
