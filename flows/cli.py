@@ -163,6 +163,7 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
         args.dataset,
         workers=args.workers,
         scheduler=args.scheduler,
+        memory_limit=args.memory_limit,
         work_dir=ctx.work_dir,
         options=_job_options(args),
         progress=ctx.progress,
@@ -202,14 +203,18 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.debug:
         os.environ["SHARDFLOW_DEBUG"] = "1"
     from flows.pipeline import pipeline
+    from preprocessing.engine import ClusterConfig
     from training.launcher import TrainConfig
 
+    # Refuse a bad cluster option now, not after the ingest stage has run.
+    ClusterConfig(workers=args.workers, memory_limit=args.memory_limit)
     result = pipeline(
         dataset=args.dataset,
         home=str(ctx.home),
         source=args.source,
         workers=args.workers,
         scheduler=args.scheduler,
+        memory_limit=args.memory_limit,
         options=_job_options(args),
         train=TrainConfig(**_train_options(args)),
     )
@@ -577,7 +582,7 @@ def _fraction(text: str) -> float:
 
 
 def _add_preprocess_options(parser: argparse.ArgumentParser) -> None:
-    from preprocessing.engine import usable_cores
+    from preprocessing.engine import DEFAULT_MEMORY_LIMIT, usable_cores
 
     parser.add_argument(
         "--rank-multiple",
@@ -627,8 +632,15 @@ def _add_preprocess_options(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=usable_cores(),
         metavar="N",
-        help="Dask LocalCluster worker processes, one thread and 2 GiB each "
+        help="Dask LocalCluster worker processes, one thread each "
         f"(default: one per usable core, here {usable_cores()})",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        default=DEFAULT_MEMORY_LIMIT,
+        metavar="SIZE",
+        help="memory limit of each LocalCluster worker; Dask pauses a worker at 80%% of it "
+        f"and restarts it at 95%% (default: {DEFAULT_MEMORY_LIMIT})",
     )
     parser.add_argument(
         "--scheduler",

@@ -39,6 +39,7 @@ from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
 from flows import stages
 from preprocessing.engine import (
+    DEFAULT_MEMORY_LIMIT,
     ClusterConfig,
     JobOptions,
     Result,
@@ -313,11 +314,18 @@ def _share_api_with_dask_workers() -> None:
 
 
 def run_preprocess_flow(
-    dataset: str, home: str, workers: int | None, scheduler: str | None, options: JobOptions
+    dataset: str,
+    home: str,
+    workers: int | None,
+    scheduler: str | None,
+    options: JobOptions,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
 ) -> dict[str, Any]:
     """The preprocess flow on a Dask cluster of the asked shape."""
     _share_api_with_dask_workers()
-    cluster = ClusterConfig(workers=workers or usable_cores(), scheduler=scheduler)
+    cluster = ClusterConfig(
+        workers=workers or usable_cores(), scheduler=scheduler, memory_limit=memory_limit
+    )
     runner = _dask_runner(cluster)
     result: dict[str, Any] = preprocess_flow.with_options(task_runner=runner)(
         dataset=dataset,
@@ -427,12 +435,15 @@ def pipeline(
     scheduler: str | None = None,
     options: JobOptions | None = None,
     train: TrainConfig | None = None,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a flow run of its own under this one."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
     raw = ingest_flow(dataset=dataset, home=home, source=source)
-    processed = run_preprocess_flow(dataset, home, workers, scheduler, options or JobOptions())
+    processed = run_preprocess_flow(
+        dataset, home, workers, scheduler, options or JobOptions(), memory_limit
+    )
     trained = train_flow(dataset=dataset, home=home, config=train)
     return {
         **trained,

@@ -12,7 +12,7 @@ from typing import Any
 
 from data_catalog import Catalog, Manifest
 from data_catalog.errors import ShardflowError
-from preprocessing.engine import ClusterConfig, JobOptions
+from preprocessing.engine import DEFAULT_MEMORY_LIMIT, ClusterConfig, JobOptions
 from preprocessing.jobs import PreprocessConfig
 from preprocessing.jobs import preprocess as run_preprocessing
 from preprocessing.sources import cifar10, mnist, sdss
@@ -158,10 +158,13 @@ def preprocess(
     progress: Progress,
     work_dir: Path,
     options: JobOptions | None = None,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
 ) -> dict[str, Any]:
     config = PreprocessConfig(
         options=options or JobOptions(),
-        cluster=ClusterConfig(workers=workers, scheduler=scheduler, work_dir=work_dir),
+        cluster=ClusterConfig(
+            workers=workers, scheduler=scheduler, work_dir=work_dir, memory_limit=memory_limit
+        ),
     )
     manifest = run_preprocessing(catalog, dataset, config=config, progress=progress)
     return preprocess_result(dataset, manifest)

@@ -40,6 +40,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+# Per LocalCluster worker: a shard task needs a few hundred MiB (docs/preprocessing.md).
+DEFAULT_MEMORY_LIMIT = "2GiB"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """Where the Dask work runs."""
@@ -50,8 +54,8 @@ class ClusterConfig:
     scheduler: str | None = None
     """Address of an existing Dask scheduler (tcp://host:8786); its workers must see the
     catalog's directory at the same path."""
-    memory_limit: str = "2GiB"
-    """Per-worker memory limit of the LocalCluster."""
+    memory_limit: str = DEFAULT_MEMORY_LIMIT
+    """Per-worker memory limit of the LocalCluster, in Dask's notation ("2GiB", "500MB")."""
     work_dir: Path | None = None
     """Where a job keeps its intermediate files and shards before the commit, one folder per
     job: a rerun of an interrupted job keeps what it finished. None: a folder in staging."""
@@ -59,6 +63,17 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ShardflowError(f"--workers must be at least 1, got {self.workers}")
+        from dask.utils import parse_bytes
+
+        try:
+            limit = parse_bytes(self.memory_limit)
+        except (ValueError, TypeError):
+            limit = 0
+        if limit < 256 * 2**20:
+            raise ShardflowError(
+                f"--memory-limit {self.memory_limit!r}: give a size of at least 256MiB per "
+                "worker, such as 2GiB or 1500MB"
+            )
 
 
 FORMATS = ("parquet", "petastorm")

@@ -184,3 +184,10 @@ def test_errors_are_one_line(shardflow: Callable[..., Result], tmp_path: Path) -
     not_processed = shardflow("train", "mnist", "--np", "2")
     assert not_processed.returncode == 1
     assert len(not_processed.stderr.strip().splitlines()) == 1
+    for command in ("preprocess", "run"):
+        small = shardflow(command, "mnist", "--memory-limit", "100MB")
+        assert small.returncode == 1
+        assert small.stderr.strip().splitlines() == [
+            "shardflow: error: --memory-limit '100MB': give a size of at least 256MiB per "
+            "worker, such as 2GiB or 1500MB"
+        ]
