@@ -12,7 +12,7 @@ of one version harmless. See README.md, "Object storage", and docs/catalog-stora
 
 from data_catalog.catalog import Catalog, Problem, Staging
 from data_catalog.errors import CatalogError, InvalidName, NotFound, ShardflowError
-from data_catalog.identity import code_version, version_id
+from data_catalog.identity import code_version, derived_version, version_id
 from data_catalog.manifest import FORMAT_VERSION, FileEntry, Manifest, ParentRef
 from data_catalog.names import KINDS, validate_name
 
@@ -30,6 +30,7 @@ __all__ = [
     "ShardflowError",
     "Staging",
     "code_version",
+    "derived_version",
     "validate_name",
     "version_id",
 ]

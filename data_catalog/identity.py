@@ -48,6 +48,21 @@ def version_id(
     return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:16]
 
 
+def derived_version(
+    *, name: str, kind: str, parents: Sequence[ParentRef], parameters: Mapping[str, Any]
+) -> str:
+    """The id of a version this code makes from other catalog versions (processed data from
+    raw, a model from processed data): its parents, parameters and :func:`code_version`."""
+    return version_id(
+        name=name,
+        kind=kind,
+        parents=parents,
+        sources=(),
+        parameters=parameters,
+        code_version=code_version(),
+    )
+
+
 def _git(*args: str) -> str | None:
     here = Path(__file__).resolve().parent
     try:

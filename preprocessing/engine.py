@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from data_catalog import Manifest, ParentRef, Staging, code_version, version_id
+from data_catalog import Manifest, Staging
 from data_catalog.errors import ShardflowError
 from preprocessing.plan import PlanConfig
 
@@ -130,18 +130,6 @@ class Job(Protocol):
     def commit(
         self, stage: Staging, scans: Sequence[Result], written: Sequence[Result], work: Path
     ) -> Manifest: ...
-
-
-def processed_version(name: str, parents: tuple[ParentRef, ...], parameters: dict[str, Any]) -> str:
-    """The version id a job's output gets: its name, inputs, parameters and this code."""
-    return version_id(
-        name=name,
-        kind="processed",
-        parents=parents,
-        sources=(),
-        parameters=parameters,
-        code_version=code_version(),
-    )
 
 
 def job_dir(work_dir: Path, job: Job) -> Path:

@@ -30,7 +30,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest, ParentRef, Staging
+from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version
 from data_catalog.errors import ShardflowError
 from preprocessing import schemas, splits
 from preprocessing.engine import (
@@ -38,7 +38,6 @@ from preprocessing.engine import (
     Result,
     TaskSpec,
     finished_parquet,
-    processed_version,
     write_parquet,
 )
 from preprocessing.plan import (
@@ -459,7 +458,9 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
     return ImageJob(
         raw=raw,
         name=name,
-        version=processed_version(name, parents, parameters),
+        version=derived_version(
+            name=name, kind="processed", parents=parents, parameters=parameters
+        ),
         parents=parents,
         parameters=parameters,
         parts=tuple(parts),

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest, ParentRef, Staging
+from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version
 from data_catalog.errors import ShardflowError
 from preprocessing import schemas, splits
 from preprocessing.engine import (
@@ -36,7 +36,6 @@ from preprocessing.engine import (
     Result,
     TaskSpec,
     finished_parquet,
-    processed_version,
     write_parquet,
 )
 from preprocessing.plan import (
@@ -389,7 +388,9 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
     return SdssJob(
         raw=raw,
         name=name,
-        version=processed_version(name, parents, parameters),
+        version=derived_version(
+            name=name, kind="processed", parents=parents, parameters=parameters
+        ),
         parents=parents,
         parameters=parameters,
         pieces=tuple(pieces),

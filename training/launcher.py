@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from data_catalog import Catalog, Manifest, code_version, version_id
+from data_catalog import Catalog, Manifest, derived_version
 from data_catalog.errors import ShardflowError
 from training import models
 from training.input import SplitLayout
@@ -186,14 +186,7 @@ def train(
     name = model_name(dataset, config.model)
     parameters = {k: v for k, v in asdict(config).items() if k not in EXECUTION_ONLY}
     parents = [processed.ref]
-    version = version_id(
-        name=name,
-        kind="model",
-        parents=parents,
-        sources=(),
-        parameters=parameters,
-        code_version=code_version(),
-    )
+    version = derived_version(name=name, kind="model", parents=parents, parameters=parameters)
     if catalog.exists(name, version):
         progress(f"{name}@{version} already in the catalog; not training again")
         manifest = catalog.get(name, version)
