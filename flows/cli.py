@@ -22,14 +22,18 @@ DEFAULT_HOME = "~/.shardflow"
 
 EPILOG = """\
 examples:
-  shardflow run fashion-mnist --np 2 --epochs 3      ingest, preprocess, train (a Prefect flow)
+  shardflow run fashion-mnist --np 2 --epochs 3       ingest, preprocess, train (a Prefect flow)
   shardflow ingest mnist --source http://host/mnist/  fetch the four IDX files into the catalog
-  shardflow preprocess mnist --workers 2               Parquet shards on a Dask LocalCluster
-  shardflow train mnist --np 2 --epochs 5              horovodrun -np 2 on localhost (Gloo)
-  shardflow catalog list                               what the catalog holds
+  shardflow preprocess mnist                          shards on a Dask LocalCluster
+  shardflow train mnist --np 2 --epochs 5             horovodrun -np 2 on localhost (Gloo)
+  shardflow synth sdss --rows 200000 --out exports/   calibrated synthetic CasJobs exports
+  shardflow run sdss --source exports/ --np 2         the same pipeline for SDSS (model dnn)
+  shardflow bench scaling fashion-mnist --json        samples/s on 2 ranks / 1 rank
+  shardflow catalog lineage fashion-mnist-cnn         a model back to its raw files
 
 Data and catalog live under $SHARDFLOW_HOME (default ~/.shardflow): catalog/ holds every
 dataset and model version, runs/ the training runs' checkpoints and logs.
+Design notes: docs/preprocessing.md, docs/training.md, docs/prefect.md in the repository.
 """
 
 
@@ -759,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.set_defaults(handler=cmd_ingest)
 
     preprocess = commands.add_parser(
-        "preprocess", help="latest raw version → Parquet shards on Dask"
+        "preprocess", help="latest raw version → Parquet or Petastorm shards on Dask"
     )
     _add_dataset(preprocess)
     _add_preprocess_options(preprocess)
@@ -814,7 +818,9 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.set_defaults(handler=cmd_deploy)
 
     synth = commands.add_parser(
-        "synth", help="write calibrated synthetic SDSS exports (CasJobs style), marked synthetic"
+        "synth",
+        help="write synthetic data marked synthetic: calibrated SDSS exports (CasJobs style), "
+        "or image sets made from real images",
     )
     synth.add_argument(
         "dataset",
