@@ -95,9 +95,7 @@ def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
         source=args.source,
         progress=ctx.progress,
         work_dir=ctx.work_dir,
-        skyserver_url=args.skyserver_url,
-        data_release=args.data_release,
-        limit=args.limit,
+        skyserver=_skyserver_options(args),
     )
     split = (
         f" ({result['train_rows']:,} train + {result['test_rows']:,} test)"
@@ -216,6 +214,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         dataset=args.dataset,
         home=str(ctx.home),
         source=args.source,
+        skyserver=_skyserver_options(args),
         workers=args.workers,
         scheduler=args.scheduler,
         memory_limit=args.memory_limit,
@@ -573,6 +572,34 @@ def _add_ingest_options(parser: argparse.ArgumentParser) -> None:
         "or .gz (default: fashion-mnist from Debian's dataset-fashion-mnist, else upstream; "
         "mnist from the upstream mirrors, digests checked)",
     )
+    parser.add_argument(
+        "--skyserver-url",
+        default="https://skyserver.sdss.org",
+        metavar="URL",
+        help="sdss without --source: SkyServer base URL, for mirrors "
+        "(default: https://skyserver.sdss.org)",
+    )
+    parser.add_argument(
+        "--data-release",
+        type=_positive,
+        default=17,
+        metavar="N",
+        help="sdss without --source: data release (default: 17)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=_positive,
+        metavar="N",
+        help="sdss without --source: fetch at most N rows (default: all that match)",
+    )
+
+
+def _skyserver_options(args: argparse.Namespace) -> Any:
+    from preprocessing.sources.sdss import SkyServerOptions
+
+    return SkyServerOptions(
+        url=args.skyserver_url, data_release=args.data_release, limit=args.limit
+    )
 
 
 def _fraction(text: str) -> float:
@@ -741,25 +768,6 @@ def build_parser() -> argparse.ArgumentParser:
         "dataset", choices=SOURCES, metavar="DATASET", help=f"one of: {', '.join(SOURCES)}"
     )
     _add_ingest_options(ingest)
-    ingest.add_argument(
-        "--skyserver-url",
-        default="https://skyserver.sdss.org",
-        metavar="URL",
-        help="sdss: SkyServer base URL, for mirrors (default: https://skyserver.sdss.org)",
-    )
-    ingest.add_argument(
-        "--data-release",
-        type=_positive,
-        default=17,
-        metavar="N",
-        help="sdss: data release (default: 17)",
-    )
-    ingest.add_argument(
-        "--limit",
-        type=_positive,
-        metavar="N",
-        help="sdss: fetch at most N rows (default: all that match)",
-    )
     ingest.set_defaults(handler=cmd_ingest)
 
     preprocess = commands.add_parser(

@@ -48,6 +48,7 @@ from preprocessing.engine import (
     usable_cores,
 )
 from preprocessing.jobs import plan as plan_preprocessing
+from preprocessing.sources.sdss import SkyServerOptions
 from training.launcher import TrainConfig
 from training.launcher import train as train_model
 
@@ -112,7 +113,13 @@ def _key(*parts: str) -> str:
 
 
 @task(name="fetch-and-check")
-def ingest_task(home: str, dataset: str, source: str | None, artifact: UUID) -> dict[str, Any]:
+def ingest_task(
+    home: str,
+    dataset: str,
+    source: str | None,
+    artifact: UUID,
+    skyserver: SkyServerOptions | None = None,
+) -> dict[str, Any]:
     logger = get_run_logger()
     done: list[dict[str, Any]] = []
 
@@ -133,18 +140,24 @@ def ingest_task(home: str, dataset: str, source: str | None, artifact: UUID) -> 
         progress=logger.info,
         on_file=on_file,
         work_dir=Path(home) / "work",
+        skyserver=skyserver,
     )
 
 
 @flow(name="shardflow-ingest")
-def ingest_flow(dataset: str, home: str | None = None, source: str | None = None) -> dict[str, Any]:
+def ingest_flow(
+    dataset: str,
+    home: str | None = None,
+    source: str | None = None,
+    skyserver: SkyServerOptions | None = None,
+) -> dict[str, Any]:
     """Fetch and check the raw files of ``dataset`` into a raw catalog version."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
     artifact = create_progress_artifact(
         progress=0.0, key=_key(dataset, "ingest-progress"), description=f"fetching {dataset}"
     )
-    result = ingest_task(home, dataset, source, artifact)
+    result = ingest_task(home, dataset, source, artifact, skyserver)
     manifest = _catalog(home).get(dataset, result["version"])
     update_progress_artifact(
         artifact,
@@ -431,6 +444,7 @@ def pipeline(
     dataset: str,
     home: str | None = None,
     source: str | None = None,
+    skyserver: SkyServerOptions | None = None,
     workers: int | None = None,
     scheduler: str | None = None,
     options: JobOptions | None = None,
@@ -440,7 +454,7 @@ def pipeline(
     """Ingest → preprocess → train, each a flow run of its own under this one."""
     _hide_user_error_tracebacks()
     home = resolve_home(home)
-    raw = ingest_flow(dataset=dataset, home=home, source=source)
+    raw = ingest_flow(dataset=dataset, home=home, source=source, skyserver=skyserver)
     processed = run_preprocess_flow(
         dataset, home, workers, scheduler, options or JobOptions(), memory_limit
     )

@@ -40,9 +40,7 @@ def ingest_sdss(
     catalog: Catalog,
     *,
     source: str | None,
-    skyserver_url: str,
-    data_release: int,
-    limit: int | None,
+    skyserver: sdss.SkyServerOptions,
     progress: Progress,
 ) -> dict[str, Any]:
     """SDSS from CasJobs export files (``source``) or by SQL from SkyServer."""
@@ -51,9 +49,9 @@ def ingest_sdss(
     else:
         manifest = sdss.ingest_skyserver(
             catalog,
-            skyserver_url=skyserver_url,
-            data_release=data_release,
-            limit=limit,
+            skyserver_url=skyserver.url,
+            data_release=skyserver.data_release,
+            limit=skyserver.limit,
             progress=progress,
         )
     return ingest_result("sdss", manifest)
@@ -117,9 +115,7 @@ def ingest(
     progress: Progress,
     work_dir: Path,
     on_file: Callable[[dict[str, Any]], None] = lambda _file: None,
-    skyserver_url: str = sdss.DEFAULT_SKYSERVER_URL,
-    data_release: int = sdss.DEFAULT_DATA_RELEASE,
-    limit: int | None = None,
+    skyserver: sdss.SkyServerOptions | None = None,
 ) -> dict[str, Any]:
     """Any dataset's raw files into a raw version: IDX sets (``on_file`` hears of each fetched
     file), CIFAR-10 batches (``source`` required), SDSS exports or SkyServer (``source`` None)."""
@@ -127,9 +123,7 @@ def ingest(
         return ingest_sdss(
             catalog,
             source=source,
-            skyserver_url=skyserver_url,
-            data_release=data_release,
-            limit=limit,
+            skyserver=skyserver or sdss.SkyServerOptions(),
             progress=progress,
         )
     if dataset == "cifar10":

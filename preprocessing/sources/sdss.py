@@ -58,6 +58,18 @@ DEFAULT_DATA_RELEASE = 17
 DEFAULT_PAGE_SIZE = 10_000
 UINT64_MAX = 2**64 - 1
 
+
+@dataclass(frozen=True, kw_only=True)
+class SkyServerOptions:
+    """Where and what to query when SDSS is fetched from SkyServer rather than exports."""
+
+    url: str = DEFAULT_SKYSERVER_URL
+    """SkyServer base URL (a mirror, or a local server in tests)."""
+    data_release: int = DEFAULT_DATA_RELEASE
+    limit: int | None = None
+    """At most this many rows; None: all that match."""
+
+
 # Column types of the raw tables we write.
 UINT64, FLOAT64, STRING = "uint64", "float64", "string"
 

@@ -124,3 +124,23 @@ def test_synth_cifar10_needs_a_real_pool(shardflow: Callable[..., Result], tmp_p
     assert result.stderr.strip() == (
         "shardflow: error: synth cifar10 needs --source: real CIFAR-10 batches to draw on"
     )
+
+
+def test_run_sdss_from_skyserver_as_one_flow(shardflow: Callable[..., Result]) -> None:
+    rows = synthetic_rows(8_000)
+    with serve(StandIn(rows=rows, cap=5_000)) as standin:
+        ran = shardflow(
+            "run", "sdss", "--skyserver-url", standin.url, "--limit", "6000",
+            "--np", "2", "--epochs", "1", "--json",
+        )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.json["model_name"] == "sdss-dnn"  # the default model for tabular data
+
+    raw = shardflow("catalog", "show", f"sdss@{ran.json['raw_version']}", "--json").json
+    assert raw["rows"] == 6_000
+    processed_version = ran.json["processed_version"]
+    processed = shardflow("catalog", "show", f"sdss-processed@{processed_version}", "--json").json
+    quarantine = processed["statistics"]["quarantine"]
+    assert quarantine["rows"] == len(range(0, 6_000, 97))  # every 97th row has a -9999 radius
+    lineage = shardflow("catalog", "lineage", f"sdss-dnn@{ran.json['version']}").stdout
+    assert standin.url in lineage
