@@ -69,9 +69,9 @@ class ClusterConfig:
             limit = parse_bytes(self.memory_limit)
         except (ValueError, TypeError):
             limit = 0
-        if limit < 256 * 2**20:
+        if limit < 512 * 2**20:
             raise ShardflowError(
-                f"--memory-limit {self.memory_limit!r}: give a size of at least 256MiB per "
+                f"--memory-limit {self.memory_limit!r}: give a size of at least 512MiB per "
                 "worker, such as 2GiB or 1500MB"
             )
 

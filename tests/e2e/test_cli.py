@@ -188,6 +188,6 @@ def test_errors_are_one_line(shardflow: Callable[..., Result], tmp_path: Path) -
         small = shardflow(command, "mnist", "--memory-limit", "100MB")
         assert small.returncode == 1
         assert small.stderr.strip().splitlines() == [
-            "shardflow: error: --memory-limit '100MB': give a size of at least 256MiB per "
+            "shardflow: error: --memory-limit '100MB': give a size of at least 512MiB per "
             "worker, such as 2GiB or 1500MB"
         ]
