@@ -36,31 +36,6 @@ def ingest_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
     return result
 
 
-def ingest_sdss(
-    catalog: Catalog,
-    *,
-    source: str | None,
-    skyserver: sdss.SkyServerOptions,
-    progress: Progress,
-) -> dict[str, Any]:
-    """SDSS from CasJobs export files (``source``) or by SQL from SkyServer."""
-    if source is not None:
-        manifest = sdss.ingest_exports(catalog, source=source, progress=progress)
-    else:
-        manifest = sdss.ingest_skyserver(
-            catalog,
-            skyserver_url=skyserver.url,
-            data_release=skyserver.data_release,
-            limit=skyserver.limit,
-            progress=progress,
-        )
-    return ingest_result("sdss", manifest)
-
-
-def ingest_cifar10(catalog: Catalog, *, source: str, progress: Progress) -> dict[str, Any]:
-    return ingest_result("cifar10", cifar10.ingest(catalog, source=source, progress=progress))
-
-
 def preprocess_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
     return {
         "dataset": dataset,
@@ -119,27 +94,32 @@ def ingest(
 ) -> dict[str, Any]:
     """Any dataset's raw files into a raw version: IDX sets (``on_file`` hears of each fetched
     file), CIFAR-10 batches (``source`` required), SDSS exports or SkyServer (``source`` None)."""
-    if dataset == "sdss":
-        return ingest_sdss(
+    if dataset == "sdss" and source is not None:
+        manifest = sdss.ingest_exports(catalog, source=source, progress=progress)
+    elif dataset == "sdss":
+        skyserver = skyserver or sdss.SkyServerOptions()
+        manifest = sdss.ingest_skyserver(
             catalog,
-            source=source,
-            skyserver=skyserver or sdss.SkyServerOptions(),
+            skyserver_url=skyserver.url,
+            data_release=skyserver.data_release,
+            limit=skyserver.limit,
             progress=progress,
         )
-    if dataset == "cifar10":
+    elif dataset == "cifar10":
         if source is None:
             raise ShardflowError(
                 "cifar10 needs --source: a directory of batches, a .tar.gz, or its URL"
             )
-        return ingest_cifar10(catalog, source=source, progress=progress)
-    manifest = mnist.ingest(
-        catalog,
-        dataset,
-        source=source,
-        progress=progress,
-        on_file=on_file,
-        download_cache=work_dir / "downloads",
-    )
+        manifest = cifar10.ingest(catalog, source=source, progress=progress)
+    else:
+        manifest = mnist.ingest(
+            catalog,
+            dataset,
+            source=source,
+            progress=progress,
+            on_file=on_file,
+            download_cache=work_dir / "downloads",
+        )
     return ingest_result(dataset, manifest)
 
 

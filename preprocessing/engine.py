@@ -48,7 +48,7 @@ DEFAULT_MEMORY_LIMIT = "2GiB"
 class ClusterConfig:
     """Where the Dask work runs."""
 
-    workers: int = field(default_factory=lambda: usable_cores())
+    workers: int = field(default_factory=usable_cores)
     """Worker processes of the LocalCluster (one thread each; default: one per usable core);
     ignored with ``scheduler``."""
     scheduler: str | None = None

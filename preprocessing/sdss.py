@@ -31,13 +31,7 @@ import pyarrow.parquet as pq
 from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version
 from data_catalog.errors import ShardflowError
 from preprocessing import schemas, splits
-from preprocessing.engine import (
-    JobOptions,
-    Result,
-    TaskSpec,
-    finished_parquet,
-    write_parquet,
-)
+from preprocessing.engine import JobOptions, Result, TaskSpec, finished_parquet, write_parquet
 from preprocessing.plan import (
     PlanConfig,
     Shard,
