@@ -90,13 +90,14 @@ def shardflow_home(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def shardflow(shardflow_home: Path, tmp_path: Path) -> Callable[..., Result]:
-    """Run the installed `shardflow` console script with its own SHARDFLOW_HOME."""
+    """Run the installed `shardflow` console script with its own SHARDFLOW_HOME (``home=``
+    points one call at another)."""
     executable = Path(sys.executable).parent / "shardflow"
 
-    def run(*args: str, timeout: float = 900) -> Result:
+    def run(*args: str, timeout: float = 900, home: Path | None = None) -> Result:
         env = {
             **os.environ,
-            "SHARDFLOW_HOME": str(shardflow_home),
+            "SHARDFLOW_HOME": str(home or shardflow_home),
             "PREFECT_HOME": str(tmp_path / "prefect"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         }

@@ -3,7 +3,6 @@ with the accuracy of a run that was never interrupted."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -86,18 +85,21 @@ def test_killed_rank_stops_the_job_and_resume_finishes(
     assert result["test_accuracy"] >= 0.70
 
     # The same training without the kill lands in the same band.
-    clean = subprocess.run(
-        [str(executable), *train, "--json"],
-        capture_output=True,
-        text=True,
-        env={**env, "SHARDFLOW_HOME": str(clean_home)},
-        timeout=900,
-    )
+    clean = shardflow(*train, "--json", home=clean_home)
     assert clean.returncode == 0, clean.stderr[-3000:]
-    clean_result = json.loads(clean.stdout.strip().splitlines()[-1])
+    clean_result = clean.json
     assert clean_result["resumed_after_epoch"] == 0
     assert clean_result["version"] == result["version"]  # the same configuration
     assert abs(result["test_accuracy"] - clean_result["test_accuracy"]) <= 0.05, (
         result["test_accuracy"],
         clean_result["test_accuracy"],
+    )
+    # It continued from the checkpoint, not from scratch: its first epoch's loss is that of
+    # the clean run's same epoch, not that of a first epoch.
+    resumed_loss = result["history"]["loss"][0]
+    clean_loss = clean_result["history"]["loss"]
+    same_epoch = clean_loss[result["resumed_after_epoch"]]
+    assert abs(resumed_loss - same_epoch) < abs(resumed_loss - clean_loss[0]), (
+        resumed_loss,
+        clean_loss,
     )
