@@ -11,16 +11,17 @@ of one version harmless. See README.md, "Object storage", and docs/catalog-stora
 """
 
 from data_catalog.catalog import Catalog, Problem, Staging
-from data_catalog.errors import CatalogError, InvalidName, NotFound, ShardflowError
+from data_catalog.errors import CatalogError, ConfigError, InvalidName, NotFound, ShardflowError
 from data_catalog.identity import code_version, derived_version, version_id
 from data_catalog.manifest import FORMAT_VERSION, FileEntry, Manifest, ParentRef
-from data_catalog.names import KINDS, validate_name
+from data_catalog.names import KINDS, model_name, processed_name, validate_name
 
 __all__ = [
     "FORMAT_VERSION",
     "KINDS",
     "Catalog",
     "CatalogError",
+    "ConfigError",
     "FileEntry",
     "InvalidName",
     "Manifest",
@@ -31,6 +32,8 @@ __all__ = [
     "Staging",
     "code_version",
     "derived_version",
+    "model_name",
+    "processed_name",
     "validate_name",
     "version_id",
 ]

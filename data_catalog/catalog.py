@@ -690,6 +690,7 @@ class Staging:
         statistics: Mapping[str, Any] = _EMPTY,
         rows: int,
         file_rows: Mapping[str, int] | None = None,
+        described: Mapping[str, FileEntry] | None = None,
         extra: Mapping[str, Any] = _EMPTY,
         code_version: str | None = None,
     ) -> Manifest:
@@ -697,6 +698,9 @@ class Staging:
 
         If the version (same name, kind, parents, sources, parameters and code version) is
         already committed, the staged files are discarded and the existing manifest returned.
+
+        ``described``: entries of staged files that their writers hashed and counted as they
+        wrote them (tasks on other machines); those are not read again.
         """
         if self._lock_fd is None:
             raise RuntimeError(f"{self!r} was already committed or discarded")
@@ -723,7 +727,7 @@ class Staging:
         local = self._catalog.is_local
         # A URL catalog uploads the files instead: fsync would buy nothing, and its failpoints
         # fire during the upload (Catalog._publish_remote).
-        files = describe_and_sync(self.path, file_rows, sync=local)
+        files = describe_and_sync(self.path, file_rows, sync=local, described=described)
         if local:
             failpoint("staged")
         manifest = Manifest(

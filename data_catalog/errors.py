@@ -19,3 +19,16 @@ class InvalidName(CatalogError):
 
 class NotFound(CatalogError):
     """The named dataset or version is not committed in the catalog."""
+
+
+class ConfigError(ShardflowError):
+    """A configuration field holds a value that cannot be used.
+
+    ``field`` is the dataclass field's name; the CLI shows it as its flag (``num_ranks`` as
+    ``--np``), a flow run as the parameter.
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field} {problem}")

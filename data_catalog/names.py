@@ -44,6 +44,16 @@ def validate_version(version: str) -> str:
     return version
 
 
+def processed_name(dataset: str) -> str:
+    """The catalog name of a dataset's processed versions."""
+    return f"{dataset}-processed"
+
+
+def model_name(dataset: str, model: str) -> str:
+    """The catalog name of the versions of ``model`` trained on ``dataset``."""
+    return f"{dataset}-{model}"
+
+
 def validate_kind(kind: str) -> str:
     """Return ``kind`` if it is one of :data:`KINDS`, else raise :class:`CatalogError`."""
     if kind not in KINDS:

@@ -39,6 +39,14 @@ def _read(path: Path, *, sync: bool) -> tuple[int, str]:
     return size, sha.hexdigest()
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def relative_files(directory: Path) -> list[str]:
     """Every regular file under ``directory``, as sorted '/'-separated relative paths.
 
@@ -57,14 +65,23 @@ def relative_files(directory: Path) -> list[str]:
 
 
 def describe_and_sync(
-    directory: Path, file_rows: Mapping[str, int] | None, *, sync: bool = True
+    directory: Path,
+    file_rows: Mapping[str, int] | None,
+    *,
+    sync: bool = True,
+    described: Mapping[str, FileEntry] | None = None,
 ) -> tuple[FileEntry, ...]:
     """Hash, count and fsync every file under ``directory``, then fsync every directory.
 
     ``sync=False`` (a URL catalog, which uploads the files rather than moving them) only hashes
     and counts: no fsync, and no ``after_first_file`` failpoint, which the upload fires instead.
+
+    ``described`` holds entries the writers computed as they wrote (digest, rows, row groups),
+    so that a commit of terabytes reads nothing again: such a file is only checked for its
+    size and, with ``sync``, fsynced (cheap when its writer already did).
     """
     file_rows = dict(file_rows or {})
+    described = dict(described or {})
     paths = relative_files(directory)
     reserved = RESERVED_NAMES.intersection(paths)
     if reserved:
@@ -75,9 +92,23 @@ def describe_and_sync(
     if unknown:
         # The writer counted rows for a file it did not write: a bug in the writer.
         raise ValueError(f"file_rows names files that were not staged: {sorted(unknown)}")
+    unknown = set(described) - set(paths)
+    if unknown:
+        raise ValueError(f"described names files that were not staged: {sorted(unknown)}")
     entries = []
     for i, relpath in enumerate(paths):
         path = directory / relpath
+        if relpath in described:
+            entry = described[relpath]
+            if entry.path != relpath or path.stat().st_size != entry.bytes:
+                raise CatalogError(
+                    f"staged file {relpath} is {path.stat().st_size} bytes, its writer "
+                    f"described {entry.bytes}"
+                )
+            if sync:
+                _fsync(path)
+            entries.append(entry)
+            continue
         size, sha = _read(path, sync=sync)
         rows, row_groups = file_rows.get(relpath), None
         if relpath.endswith(".parquet"):

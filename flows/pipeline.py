@@ -1,13 +1,16 @@
 """Prefect flows: each stage a flow of its own, and the pipeline flow running all three.
 
     shardflow-pipeline
-      ├─ shardflow-ingest       task fetch-and-check; progress + table of fetched files
-      ├─ shardflow-preprocess   scan tasks, then one write task per shard, on a DaskTaskRunner;
+      ├─ shardflow-ingest       the driver: a task run per input file on Dask; progress, a
+      │                         table of finished tasks, a table of the raw version's files
+      ├─ shardflow-preprocess   the driver: every scan and write task a task run on Dask
+      │                         (a LocalCluster, or the `scheduler` parameter's cluster);
       │                         progress, table of shards, summary with the Dask dashboard
       └─ shardflow-train        task horovodrun (its output streamed into the flow's logs);
                                 table of per-epoch metrics, summary
 
-Flows only wire library calls; the libraries never import Prefect.
+Flows only wire library calls (through :mod:`flows.stages`); the libraries never import
+Prefect.
 """
 
 from __future__ import annotations
@@ -15,42 +18,30 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import shutil
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_table_artifact,
-)
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.artifacts import create_progress_artifact as _create_progress_artifact
 from prefect.artifacts import update_progress_artifact as _update_progress_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext
-from prefect.futures import as_completed
 from prefect.runtime import flow_run
-from prefect.task_runners import TaskRunner
-from prefect_dask.task_runners import DaskTaskRunner
 
-from data_catalog import Catalog
+from data_catalog import Manifest
 from data_catalog.errors import ShardflowError
 from flows import stages
-from preprocessing.engine import (
-    DEFAULT_MEMORY_LIMIT,
-    ClusterConfig,
-    JobOptions,
-    Result,
-    TaskSpec,
-    job_dir,
-    usable_cores,
-)
-from preprocessing.jobs import plan as plan_preprocessing
-from preprocessing.sources.sdss import SkyServerOptions
-from training.launcher import TrainConfig
-from training.launcher import train as train_model
+from flows.logs import route_library_logs
+from flows.settings import Settings
+from preprocessing import datasets
+from preprocessing.config import DEFAULT_MEMORY_LIMIT, ClusterConfig, JobOptions, usable_cores
+from preprocessing.datasets import IngestRequest, SkyServerOptions
+from preprocessing.driver import PassProgress, Result, Runner, TaskSpec, dask_runner
+from training.config import TrainConfig
 
 
 # Prefect's artifact functions are "sync compatible": typed as returning a value or a coroutine,
@@ -77,31 +68,20 @@ class _UserErrorsWithoutTracebacks(logging.Filter):
         return True
 
 
-def _hide_user_error_tracebacks() -> None:
+def _start(dataset: str, home: str | None) -> Settings:
+    """What every flow does first: one-line user errors, its settings, a known dataset."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    if os.environ.get(DEBUG_ENV):
-        return
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler) and not any(
-            isinstance(f, _UserErrorsWithoutTracebacks) for f in handler.filters
-        ):
-            handler.addFilter(_UserErrorsWithoutTracebacks())
-
-
-DEFAULT_HOME = "~/.shardflow"
-
-
-def resolve_home(home: str | None) -> str:
-    """The flow's ``home`` parameter, else $SHARDFLOW_HOME of the process running the flow
-    (a deployment's worker), else ~/.shardflow."""
-    chosen = home or os.environ.get("SHARDFLOW_HOME") or DEFAULT_HOME
-    return str(Path(chosen).expanduser().resolve())
-
-
-def _catalog(home: str) -> Catalog:
-    location = os.environ.get("SHARDFLOW_CATALOG") or Path(home) / "catalog"
-    return Catalog(location, index_url=os.environ.get("SHARDFLOW_CATALOG_URL"))
+    if not os.environ.get(DEBUG_ENV):
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not any(
+                isinstance(f, _UserErrorsWithoutTracebacks) for f in handler.filters
+            ):
+                handler.addFilter(_UserErrorsWithoutTracebacks())
+    datasets.dataset(dataset)  # an unknown name fails here, in one line
+    settings = Settings.from_env(home=home)
+    route_library_logs(settings.home / "logs")
+    return settings
 
 
 def _key(*parts: str) -> str:
@@ -109,39 +89,101 @@ def _key(*parts: str) -> str:
     return "-".join(parts).lower().replace("_", "-").replace(".", "-")
 
 
-# --- ingest --------------------------------------------------------------------------------
+# --- tasks on Dask ------------------------------------------------------------------------
 
 
-@task(name="fetch-and-check")
-def ingest_task(
-    home: str,
-    dataset: str,
-    source: str | None,
-    artifact: UUID,
-    skyserver: SkyServerOptions | None = None,
-) -> dict[str, Any]:
-    logger = get_run_logger()
-    done: list[dict[str, Any]] = []
+@task(name="stage-task", task_run_name="{key}", cache_policy=NO_CACHE)
+def stage_task(key: str, fn: Callable[..., Result], args: tuple[Any, ...]) -> Result:
+    """One task of an ingest or preprocessing job (see preprocessing.driver)."""
+    return fn(*args)
 
-    def on_file(fetched: dict[str, Any]) -> None:
-        done.append(fetched)
-        fetched_bytes = sum(int(f["bytes"]) for f in done)
-        # Four files, then the checks: the last fifth of the bar is the validation.
-        update_progress_artifact(
-            artifact,
-            progress=80.0 * len(done) / 4,
-            description=f"{len(done)}/4 files fetched, {fetched_bytes:,} bytes",
-        )
 
-    return stages.ingest(
-        _catalog(home),
-        dataset,
-        source=source,
-        progress=logger.info,
-        on_file=on_file,
-        work_dir=Path(home) / "work",
-        skyserver=skyserver,
+def submit_task_run(client: Any, spec: TaskSpec, key: str) -> Any:
+    """Submit ``spec`` through Prefect's Dask client: a task run of the running flow run."""
+    return client.submit(
+        stage_task,
+        parameters={"key": spec.key, "fn": spec.fn, "args": spec.args},
+        key=key,
+        pure=False,
     )
+
+
+class _TaskRuns:
+    """The runner of a flow's driver: every task a task run on the Dask cluster ``cluster``
+    describes; keeps the cluster's dashboard link for the summary."""
+
+    def __init__(self, cluster: ClusterConfig) -> None:
+        self.cluster = cluster
+        self.dashboard: str | None = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[Runner]:
+        from prefect.settings import PREFECT_API_URL
+        from prefect_dask.client import PrefectDaskClient
+
+        # Worker processes report their task runs to this flow run's API.
+        api = {"PREFECT_API_URL": str(PREFECT_API_URL.value())} if PREFECT_API_URL.value() else {}
+        with dask_runner(
+            self.cluster,
+            get_run_logger().info,
+            client_class=PrefectDaskClient,
+            submit=submit_task_run,
+            env=api,
+        ) as runner:
+            self.dashboard = str(runner.client.dashboard_link)
+            yield runner
+
+
+class _ProgressArtifacts:
+    """A progress artifact and a table of finished tasks, kept up to date as tasks finish
+    (the table at most every few seconds: each update is a new version of it in the API)."""
+
+    TABLE_SECONDS = 5.0
+
+    def __init__(self, key: str, description: str, bar: Callable[[PassProgress], float]) -> None:
+        self.key = key
+        self.bar = bar
+        self.artifact = create_progress_artifact(
+            progress=0.0, key=f"{key}-progress", description=description
+        )
+        self.rows: list[dict[str, Any]] = []
+        self.last_table = 0.0
+
+    def __call__(self, state: PassProgress) -> None:
+        get_run_logger().info(state.describe())
+        update_progress_artifact(
+            self.artifact, progress=100.0 * self.bar(state), description=state.describe()
+        )
+        result = state.result or {}
+        self.rows.append(
+            {
+                "task": state.task_key,
+                "rows": result.get("rows"),
+                "bytes": (result.get("input") or {}).get("bytes", result.get("bytes")),
+                "reused": bool(result.get("reused")),
+                "seconds": round(state.seconds, 1),
+            }
+        )
+        done = state.tasks_done == state.tasks_total
+        if done or time.monotonic() - self.last_table > self.TABLE_SECONDS:
+            self.last_table = time.monotonic()
+            create_table_artifact(
+                key=f"{self.key}-tasks",
+                table=self.rows,
+                description=f"{state.pass_name}: {state.describe()}",
+            )
+
+    def finish(self, description: str) -> None:
+        update_progress_artifact(self.artifact, progress=100.0, description=description)
+
+
+def _cluster(workers: int | None, scheduler: str | None, memory_limit: str) -> ClusterConfig:
+    return ClusterConfig(
+        workers=workers or usable_cores(), scheduler=scheduler, memory_limit=memory_limit
+    )
+
+
+# --- ingest --------------------------------------------------------------------------------
 
 
 @flow(name="shardflow-ingest")
@@ -150,20 +192,29 @@ def ingest_flow(
     home: str | None = None,
     source: str | None = None,
     skyserver: SkyServerOptions | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
 ) -> dict[str, Any]:
-    """Fetch and check the raw files of ``dataset`` into a raw catalog version."""
-    _hide_user_error_tracebacks()
-    home = resolve_home(home)
-    artifact = create_progress_artifact(
-        progress=0.0, key=_key(dataset, "ingest-progress"), description=f"fetching {dataset}"
+    """Fetch and check the raw files of ``dataset`` into a raw catalog version: one task run
+    per input file on Dask (a LocalCluster of ``workers``, or ``scheduler``'s cluster)."""
+    settings = _start(dataset, home)
+    cluster = _cluster(workers, scheduler, memory_limit)
+    runs = _TaskRuns(cluster)
+    artifacts = _ProgressArtifacts(
+        _key(dataset, "ingest"), f"listing {source or dataset}", lambda state: state.fraction
     )
-    result = ingest_task(home, dataset, source, artifact, skyserver)
-    manifest = _catalog(home).get(dataset, result["version"])
-    update_progress_artifact(
-        artifact,
-        progress=100.0,
-        description=f"{len(manifest.files)} files, {manifest.rows:,} rows checked",
+    result = stages.ingest(
+        settings,
+        dataset,
+        IngestRequest(source=source, skyserver=skyserver or SkyServerOptions()),
+        cluster=cluster,
+        progress=get_run_logger().info,
+        runner=runs,
+        on_progress=artifacts,
     )
+    manifest = settings.catalog().get(dataset, result["version"])
+    artifacts.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
     create_table_artifact(
         key=_key(dataset, "raw-files"),
         table=[
@@ -178,106 +229,45 @@ def ingest_flow(
 # --- preprocess ----------------------------------------------------------------------------
 
 
-@task(name="preprocess-task", task_run_name="{key}", cache_policy=NO_CACHE)
-def preprocess_task(key: str, fn: Callable[..., Result], args: tuple[Any, ...]) -> Result:
-    """One scan or write task of a preprocessing job (see preprocessing.engine)."""
-    return fn(*args)
+def _preprocess_bar(state: PassProgress) -> float:
+    # The first pass scans its input; the last writes the output and takes most of the bar.
+    if state.pass_name in ("scan", "decode"):
+        return 0.1 * state.fraction
+    return 0.1 + 0.9 * state.fraction
 
 
-def _dask_runner(cluster: ClusterConfig) -> TaskRunner[Any]:
-    # Typed as the base class: flows declare TaskRunner[PrefectFuture[Any]], and a TaskRunner
-    # of PrefectDaskFuture is not one to mypy (the type parameter is invariant).
-    if cluster.scheduler is not None:
-        runner = DaskTaskRunner(address=cluster.scheduler)
-    else:
-        runner = DaskTaskRunner(
-            cluster_class="distributed.LocalCluster",
-            cluster_kwargs={
-                "n_workers": cluster.workers,
-                "threads_per_worker": 1,
-                "processes": True,
-                "memory_limit": cluster.memory_limit,
-                "dashboard_address": "127.0.0.1:0",
-            },
-        )
-    return cast(TaskRunner[Any], runner)
-
-
-def _run_in_window(
-    specs: Sequence[TaskSpec], workers: int, on_done: Callable[[int, int], None]
-) -> list[Result]:
-    """Submit ``specs`` as task runs, a bounded window in flight; results in spec order."""
-    results: list[Result | None] = [None] * len(specs)
-    size = 2 * max(workers, 1)
-    done = 0
-    for first in range(0, len(specs), size):
-        futures = {
-            preprocess_task.submit(spec.key, spec.fn, spec.args): first + offset
-            for offset, spec in enumerate(specs[first : first + size])
-        }
-        for future in as_completed(list(futures)):
-            number = futures[future]
-            results[number] = future.result()
-            done += 1
-            on_done(done, specs[number].rows)
-    return [r for r in results if r is not None]
-
-
-@flow(name="shardflow-preprocess", task_runner=_dask_runner(ClusterConfig()))
+@flow(name="shardflow-preprocess")
 def preprocess_flow(
     dataset: str,
     home: str | None = None,
     workers: int | None = None,
     scheduler: str | None = None,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
     options: JobOptions | None = None,
 ) -> dict[str, Any]:
-    """The latest raw version → processed shards: scan and write task runs on Dask."""
-    _hide_user_error_tracebacks()
-    home = resolve_home(home)
-    workers = workers or usable_cores()
-    logger = get_run_logger()
-    catalog = _catalog(home)
-    job = plan_preprocessing(catalog, dataset, options or JobOptions())
-    if catalog.exists(job.name, job.version):
-        logger.info("%s@%s already in the catalog; nothing to do", job.name, job.version)
-        return stages.preprocess_result(dataset, catalog.get(job.name, job.version))
-
-    context = FlowRunContext.get()
-    runner = context.task_runner if context else None
-    dashboard = getattr(getattr(runner, "client", None), "dashboard_link", None)
-    logger.info("Dask dashboard: %s", dashboard)
-    # Files go to the job's own folder: a rerun after a crash keeps the finished ones.
-    work = job_dir(Path(home) / "work", job)
-    work.mkdir(parents=True, exist_ok=True)
-    artifact = create_progress_artifact(
-        progress=0.0, key=_key(dataset, "preprocess-progress"), description="scanning the input"
+    """The latest raw version → processed shards, every task a task run on Dask: a
+    LocalCluster of ``workers`` processes, or the cluster of ``scheduler``
+    (tcp://host:8786), whose workers must see the catalog at the same path."""
+    settings = _start(dataset, home)
+    cluster = _cluster(workers, scheduler, memory_limit)
+    runs = _TaskRuns(cluster)
+    artifacts = _ProgressArtifacts(_key(dataset, "preprocess"), "planning", _preprocess_bar)
+    result = stages.preprocess(
+        settings,
+        dataset,
+        options=options or JobOptions(),
+        cluster=cluster,
+        progress=get_run_logger().info,
+        runner=runs,
+        on_progress=artifacts,
     )
-    scan_specs = job.scan_tasks(work)
-    scans = _run_in_window(
-        scan_specs,
-        workers,
-        lambda done, _rows: update_progress_artifact(
-            artifact,
-            progress=10.0 * done / len(scan_specs),
-            description=f"scan: {done}/{len(scan_specs)} input pieces",
-        ),
-    )
-    write_specs = job.write_tasks(scans, work)
-    total_rows = sum(s.rows for s in write_specs)
-    rows_done = [0]
+    manifest = settings.catalog().get(result["name"], result["version"])
+    artifacts.finish(f"{manifest.rows:,} rows")
+    _preprocess_artifacts(dataset, manifest, runs.dashboard)
+    return result
 
-    def on_written(done: int, rows: int) -> None:
-        rows_done[0] += rows
-        update_progress_artifact(
-            artifact,
-            progress=10.0 + 90.0 * done / len(write_specs),
-            description=f"{done}/{len(write_specs)} shards, {rows_done[0]:,}/{total_rows:,} rows",
-        )
 
-    written = _run_in_window(write_specs, workers, on_written)
-    with catalog.stage(job.name, kind="processed") as stage:
-        manifest = job.commit(stage, scans, written, work)
-    shutil.rmtree(work, ignore_errors=True)
+def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | None) -> None:
     create_table_artifact(
         key=_key(dataset, "shards"),
         table=[
@@ -286,94 +276,52 @@ def preprocess_flow(
         ],
         description=f"{manifest.name}@{manifest.version}: output files",
     )
+    stats = manifest.statistics
     create_markdown_artifact(
         key=_key(dataset, "preprocess-summary"),
         markdown=(
             f"## {manifest.name}@{manifest.version}\n\n"
             f"- {manifest.rows:,} rows in {len(manifest.files)} files "
             f"({manifest.schema.get('format', 'parquet')}), parent `{manifest.parents[0]}`\n"
-            f"- training row groups: {manifest.statistics['train']['num_row_groups']} of "
-            f"{manifest.statistics['train']['rows_per_group']} rows\n"
+            f"- training row groups: {stats['train']['num_row_groups']} of "
+            f"{stats['train']['rows_per_group']} rows\n"
             + "".join(
-                f"- {split}: {manifest.statistics[split]['rows']:,} rows\n"
+                f"- {split}: {stats[split]['rows']:,} rows\n"
                 for split in ("validation", "test")
-                if split in manifest.statistics
+                if split in stats
             )
             + (
-                f"- quarantined: {manifest.statistics['quarantine']['rows']:,} rows\n"
-                if "quarantine" in manifest.statistics
+                f"- quarantined: {stats['quarantine']['rows']:,} rows\n"
+                if "quarantine" in stats
                 else ""
             )
-            + f"- Dask dashboard: {dashboard}\n"
-            f"- catalog: `shardflow catalog show {manifest.name}@{manifest.version}`\n"
+            + (f"- Dask dashboard: {dashboard}\n" if dashboard else "- already in the catalog\n")
+            + f"- catalog: `shardflow catalog show {manifest.name}@{manifest.version}`\n"
         ),
     )
-    return stages.preprocess_result(dataset, manifest)
-
-
-def _share_api_with_dask_workers() -> None:
-    """Point Dask worker processes at this process's Prefect API.
-
-    Without a configured server Prefect runs a temporary one for this process only; worker
-    processes that inherit no PREFECT_API_URL would each start their own, and the shard task
-    runs would be recorded there instead of in this flow run.
-    """
-    if os.environ.get("PREFECT_API_URL"):
-        return
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        os.environ["PREFECT_API_URL"] = str(client.api_url)
-
-
-def run_preprocess_flow(
-    dataset: str,
-    home: str,
-    workers: int | None,
-    scheduler: str | None,
-    options: JobOptions,
-    memory_limit: str = DEFAULT_MEMORY_LIMIT,
-) -> dict[str, Any]:
-    """The preprocess flow on a Dask cluster of the asked shape."""
-    _share_api_with_dask_workers()
-    cluster = ClusterConfig(
-        workers=workers or usable_cores(), scheduler=scheduler, memory_limit=memory_limit
-    )
-    runner = _dask_runner(cluster)
-    result: dict[str, Any] = preprocess_flow.with_options(task_runner=runner)(
-        dataset=dataset,
-        home=home,
-        workers=cluster.workers,
-        scheduler=scheduler,
-        options=options,
-    )
-    return result
 
 
 # --- train ---------------------------------------------------------------------------------
 
 
 @task(name="horovodrun")
-def train_task(home: str, dataset: str, config: TrainConfig) -> dict[str, Any]:
-    catalog = _catalog(home)
-    manifest, metrics = train_model(
-        catalog,
-        dataset,
-        config=config,
-        runs_dir=Path(home) / "runs",
-        progress=get_run_logger().info,
-    )
-    return stages.train_result(dataset, manifest, metrics)
+def train_task(settings: Settings, dataset: str, config: TrainConfig) -> dict[str, Any]:
+    return stages.train(settings, dataset, config, progress=get_run_logger().info)
 
 
 @flow(name="shardflow-train")
 def train_flow(
     dataset: str, home: str | None = None, config: TrainConfig | None = None
 ) -> dict[str, Any]:
-    """Train on the latest processed version with horovodrun; commit the model."""
-    _hide_user_error_tracebacks()
-    home = resolve_home(home)
-    result = train_task(home, dataset, config or TrainConfig())
+    """Train on the latest processed version with horovodrun; commit the model (the
+    dataset's default model unless ``config`` names one)."""
+    settings = _start(dataset, home)
+    result = train_task(settings, dataset, config or TrainConfig())
+    _train_artifacts(result)
+    return result
+
+
+def _train_artifacts(result: dict[str, Any]) -> None:
     history = result["history"]
     create_table_artifact(
         key=_key(result["model_name"], "epochs"),
@@ -411,7 +359,6 @@ def train_flow(
             f"`tensorboard --logdir {result['run_dir']}/tensorboard`\n"
         ),
     )
-    return result
 
 
 # --- catalog -------------------------------------------------------------------------------
@@ -420,8 +367,7 @@ def train_flow(
 @flow(name="shardflow-catalog-verify")
 def catalog_verify_flow(home: str | None = None) -> dict[str, Any]:
     """Recompute every file digest of the catalog; fails naming each damaged file."""
-    _hide_user_error_tracebacks()
-    catalog = _catalog(resolve_home(home))
+    catalog = Settings.from_env(home=home).catalog()
     problems = catalog.verify()
     versions = sum(len(catalog.versions(name)) for name in catalog.names())
     create_markdown_artifact(
@@ -447,16 +393,29 @@ def pipeline(
     skyserver: SkyServerOptions | None = None,
     workers: int | None = None,
     scheduler: str | None = None,
+    memory_limit: str = DEFAULT_MEMORY_LIMIT,
     options: JobOptions | None = None,
     train: TrainConfig | None = None,
-    memory_limit: str = DEFAULT_MEMORY_LIMIT,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a flow run of its own under this one."""
-    _hide_user_error_tracebacks()
-    home = resolve_home(home)
-    raw = ingest_flow(dataset=dataset, home=home, source=source, skyserver=skyserver)
-    processed = run_preprocess_flow(
-        dataset, home, workers, scheduler, options or JobOptions(), memory_limit
+    settings = _start(dataset, home)
+    home = str(settings.home)
+    raw = ingest_flow(
+        dataset=dataset,
+        home=home,
+        source=source,
+        skyserver=skyserver,
+        workers=workers,
+        scheduler=scheduler,
+        memory_limit=memory_limit,
+    )
+    processed = preprocess_flow(
+        dataset=dataset,
+        home=home,
+        workers=workers,
+        scheduler=scheduler,
+        memory_limit=memory_limit,
+        options=options,
     )
     trained = train_flow(dataset=dataset, home=home, config=train)
     return {

@@ -22,7 +22,7 @@ import os
 import pickle
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -30,16 +30,11 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version
-from data_catalog.errors import ShardflowError
+from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version, processed_name
+from data_catalog.errors import ConfigError, ShardflowError
 from preprocessing import schemas, splits
-from preprocessing.engine import (
-    JobOptions,
-    Result,
-    TaskSpec,
-    finished_parquet,
-    write_parquet,
-)
+from preprocessing.config import JobOptions
+from preprocessing.driver import Result, Results, TaskSpec
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -47,15 +42,19 @@ from preprocessing.plan import (
     plan_evaluation_split,
     plan_training_split,
 )
+from preprocessing.shard_files import (
+    described,
+    partial_path,
+    record_result,
+    recorded_result,
+    write_parquet,
+)
 from preprocessing.sources import idx
 
 # Bumped when the bytes this module writes change for the same input and parameters.
 WRITER_VERSION = 2
 
 DEFAULT_VALIDATION_FRACTION = 0.05
-# Petastorm for the colour images (an ndarray field per image, read with make_reader); plain
-# Parquet for the small greyscale sets, whose batch reader path is the fastest we have.
-DEFAULT_FORMAT = {"cifar10": "petastorm"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +65,7 @@ class RawPart:
     """The source's own split: "train" or "test"."""
     number: int
     kind: str
-    """"idx" or "cifar"."""
+    """"idx" (gzipped), "idx-plain" (read in place) or "cifar"."""
     paths: tuple[str, ...]
     """idx: (images, labels); cifar: (batch file,)."""
     rows: int
@@ -78,19 +77,33 @@ class RawPart:
 
 @dataclass(frozen=True, kw_only=True)
 class Decoded:
-    """A raw part decoded to plain records in the job's folder."""
+    """A raw part as plain records: decoded into the job's folder, or an uncompressed IDX
+    file of the raw version read in place past its header."""
 
     images: str
     labels: str
     rows: int
+    images_offset: int = 0
+    labels_offset: int = 0
 
 
 def decode_part(part: RawPart, work: str, item_bytes: int) -> Result:
     """Scan task: decode one raw part into ``<stem>.images`` (rows x item_bytes uint8, HWC)
     and ``<stem>.labels`` (rows uint8), each whole or absent; kept if already there."""
+    result: Result = {"part": part.number, "split": part.split, "rows": part.rows}
+    if part.kind == "idx-plain":
+        # Uncompressed IDX: the writers seek in it past the header; nothing to decode.
+        image_header = idx.inspect(part.paths[0], num_dims=3)
+        label_header = idx.inspect(part.paths[1], num_dims=1)
+        return {
+            **result,
+            "images": part.paths[0],
+            "labels": part.paths[1],
+            "images_offset": image_header.offset,
+            "labels_offset": label_header.offset,
+        }
     images = Path(work) / f"{part.stem}.images"
     labels = Path(work) / f"{part.stem}.labels"
-    result = {"part": part.number, "split": part.split, "rows": part.rows}
     result.update(images=str(images), labels=str(labels))
     if (
         images.exists()
@@ -100,23 +113,27 @@ def decode_part(part: RawPart, work: str, item_bytes: int) -> Result:
     ):
         return {**result, "reused": True}
     images.parent.mkdir(parents=True, exist_ok=True)
-    partial_images = images.with_name(images.name + ".partial")
-    partial_labels = labels.with_name(labels.name + ".partial")
-    if part.kind == "idx":
-        with open(partial_images, "wb") as out:
-            for _start, block in idx.iter_records(part.paths[0], batch=4096):
-                out.write(block.tobytes())
-        partial_labels.write_bytes(idx.read_records(part.paths[1]).tobytes())
-    else:
-        from preprocessing.sources.cifar10 import read_batch
+    partial_images, partial_labels = partial_path(images), partial_path(labels)
+    try:
+        if part.kind == "idx":
+            with open(partial_images, "wb") as out:
+                for _start, block in idx.iter_records(part.paths[0], batch=4096):
+                    out.write(block.tobytes())
+            partial_labels.write_bytes(idx.read_records(part.paths[1]).tobytes())
+        else:
+            from preprocessing.sources.cifar10 import read_batch
 
-        batch_labels, batch_images = read_batch(Path(part.paths[0]))
-        partial_images.write_bytes(batch_images.tobytes())
-        partial_labels.write_bytes(batch_labels.tobytes())
-    for partial, final in ((partial_images, images), (partial_labels, labels)):
-        if partial.stat().st_size != (part.rows * item_bytes if final is images else part.rows):
-            raise ShardflowError(f"{part.paths[0]}: decoded size differs from the catalog's")
-        os.replace(partial, final)
+            batch_labels, batch_images = read_batch(Path(part.paths[0]))
+            partial_images.write_bytes(batch_images.tobytes())
+            partial_labels.write_bytes(batch_labels.tobytes())
+        for partial, final in ((partial_images, images), (partial_labels, labels)):
+            expected = part.rows * item_bytes if final is images else part.rows
+            if partial.stat().st_size != expected:
+                raise ShardflowError(f"{part.paths[0]}: decoded size differs from the catalog's")
+            os.replace(partial, final)
+    finally:
+        partial_images.unlink(missing_ok=True)
+        partial_labels.unlink(missing_ok=True)
     return result
 
 
@@ -168,10 +185,19 @@ def _gather(task: ShardTask, records: npt.NDArray[np.int64]) -> tuple[Any, Any]:
         inside = (records >= first) & (records < first + part.rows)
         if inside.any():
             local = records[inside] - first
-            pixels = np.memmap(part.images, dtype=np.uint8, mode="r", shape=(part.rows, item))
+            pixels = np.memmap(
+                part.images,
+                dtype=np.uint8,
+                mode="r",
+                offset=part.images_offset,
+                shape=(part.rows, item),
+            )
             images[inside] = pixels[local]
-            labels[inside] = np.fromfile(part.labels, dtype=np.uint8)[local]
-            del pixels
+            all_labels = np.memmap(
+                part.labels, dtype=np.uint8, mode="r", offset=part.labels_offset, shape=part.rows
+            )
+            labels[inside] = all_labels[local]
+            del pixels, all_labels
         first += part.rows
     return images, labels
 
@@ -179,17 +205,18 @@ def _gather(task: ShardTask, records: npt.NDArray[np.int64]) -> tuple[Any, Any]:
 def channel_sums(images: npt.NDArray[np.uint8], channels: int) -> Result:
     """Count, sum and sum of squares of pixel/255 per channel, to be combined.
 
-    Counted exactly: a histogram of the 256 levels per channel, then integer dot products
-    (no float copy of every pixel; each shard's figures are the same on every run).
+    Summed as integers (exact: each shard's figures are the same on every run, and no float
+    copy of every pixel is made), then scaled.
     """
     pixels = images.reshape(-1, channels)
-    levels = np.arange(256, dtype=np.int64)
-    sums, sumsq = [], []
-    for channel in range(channels):
-        counts = np.bincount(pixels[:, channel], minlength=256).astype(np.int64)
-        sums.append(int(counts @ levels) / 255.0)
-        sumsq.append(int(counts @ (levels * levels)) / 255.0**2)
-    return {"count": int(pixels.shape[0]), "sum": sums, "sumsq": sumsq}
+    sums = pixels.sum(axis=0, dtype=np.uint64)
+    wide = pixels.astype(np.uint32)
+    sumsq = (wide * wide).sum(axis=0, dtype=np.uint64)
+    return {
+        "count": int(pixels.shape[0]),
+        "sum": [int(s) / 255.0 for s in sums],
+        "sumsq": [int(s) / 255.0**2 for s in sumsq],
+    }
 
 
 def write_shard(task: ShardTask) -> Result:
@@ -197,14 +224,14 @@ def write_shard(task: ShardTask) -> Result:
     job already wrote it whole; training shards return their channel sums either way."""
     shard = task.shard
     path = Path(task.out_dir) / shard.path
+    recorded = recorded_result(path)
+    if recorded is not None:
+        return {**recorded, "reused": True}
     records = _records(task)
     images, labels = _gather(task, records)
     result: Result = {"path": shard.path, "split": shard.split}
     if shard.split == "train":
         result["sums"] = channel_sums(images, task.image_shape[-1])
-    finished = finished_parquet(path, rows=shard.rows, row_groups=shard.num_row_groups)
-    if finished is not None:
-        return {**result, **finished}
     if task.format == "petastorm":
         image_column = pa.array(
             [schemas.encode_image(task.image_shape, image) for image in images],
@@ -221,8 +248,9 @@ def write_shard(task: ShardTask) -> Result:
         [pa.array(records, type=pa.int64()), image_column, pa.array(labels.astype(np.int64))],
         schema=schemas.IMAGE_SCHEMA,
     )
-    nbytes = write_parquet(table, path, row_group_size=shard.rows_per_group)
-    return {**result, "rows": shard.rows, "bytes": nbytes}
+    result.update(write_parquet(table, path, row_group_size=shard.rows_per_group))
+    record_result(path, result)
+    return result
 
 
 def combine_sums(sums: Sequence[Result]) -> dict[str, list[float]]:
@@ -236,20 +264,21 @@ def combine_sums(sums: Sequence[Result]) -> dict[str, list[float]]:
     return {"mean": [float(m) for m in mean], "std": [float(s) for s in std]}
 
 
-def write_petastorm_metadata(split_dir: Path, image_shape: Sequence[int]) -> None:
-    """``_common_metadata`` of a split folder, as petastorm's ``materialize_dataset`` writes it
-    (the pickled Unischema and each file's row-group count) without needing Spark."""
+def write_petastorm_metadata(
+    path: Path, image_shape: Sequence[int], row_groups: dict[str, int]
+) -> None:
+    """A split's ``_common_metadata`` at ``path``, as petastorm's ``materialize_dataset``
+    writes it (the pickled Unischema and each file's row-group count, from the writers'
+    results) without needing Spark."""
     from petastorm.etl.dataset_metadata import ROW_GROUPS_PER_FILE_KEY, UNISCHEMA_KEY
 
-    files = sorted(split_dir.glob("*.parquet"))
-    row_groups = {f.name: pq.read_metadata(f).num_row_groups for f in files}
     arrow_schema = schemas.IMAGE_SCHEMA.with_metadata(
         {
             UNISCHEMA_KEY: pickle.dumps(schemas.image_unischema(image_shape)),
             ROW_GROUPS_PER_FILE_KEY: json.dumps(row_groups, sort_keys=True).encode(),
         }
     )
-    pq.write_metadata(arrow_schema, split_dir / "_common_metadata")
+    pq.write_metadata(arrow_schema, path)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,6 +299,18 @@ class ImageJob:
     source_of: dict[str, str]
     """The source split of each output split."""
 
+    kind: str = "processed"
+    passes: tuple[str, ...] = ("decode", "write")
+
+    @property
+    def work_key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
+        if pass_name == "decode":
+            return self._decode_tasks(work)
+        return self._write_tasks(done["decode"], work)
+
     @property
     def shards(self) -> list[Shard]:
         return [shard for plan in self.plans for shard in plan.shards]
@@ -282,22 +323,29 @@ class ImageJob:
     def item_bytes(self) -> int:
         return int(np.prod(self.image_shape))
 
-    def scan_tasks(self, work: Path) -> list[TaskSpec]:
+    def _decode_tasks(self, work: Path) -> list[TaskSpec]:
         return [
             TaskSpec(
                 key=f"decode-{part.split}-{part.number:03d}",
                 fn=decode_part,
                 args=(part, str(work), self.item_bytes),
                 rows=part.rows,
+                bytes=sum(os.path.getsize(path) for path in part.paths),
             )
             for part in self.parts
         ]
 
-    def write_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
+    def _write_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
         decoded: dict[str, list[Decoded]] = {}
         for result in sorted(scans, key=lambda r: (r["split"], r["part"])):
             decoded.setdefault(result["split"], []).append(
-                Decoded(images=result["images"], labels=result["labels"], rows=result["rows"])
+                Decoded(
+                    images=result["images"],
+                    labels=result["labels"],
+                    rows=result["rows"],
+                    images_offset=int(result.get("images_offset", 0)),
+                    labels_offset=int(result.get("labels_offset", 0)),
+                )
             )
         tasks = []
         for shard in self.shards:
@@ -321,21 +369,25 @@ class ImageJob:
             )
         return tasks
 
-    def commit(
-        self, stage: Staging, scans: Sequence[Result], written: Sequence[Result], work: Path
-    ) -> Manifest:
+    def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
+        written = done["write"]
         expected = {shard.path for shard in self.shards}
         missing = expected - {str(r["path"]) for r in written}
         if missing:
             raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
         out = work / "out"
-        outputs = sorted(expected)
+        files = {str(r["path"]): r for r in written}
+        for relpath in sorted(files):
+            stage.adopt(out / relpath, relpath)
         if self.format == "petastorm":
             for plan in self.plans:
-                write_petastorm_metadata(out / plan.split, self.image_shape)
-                outputs.append(f"{plan.split}/_common_metadata")
-        for relpath in outputs:
-            stage.adopt(out / relpath, relpath)
+                row_groups = {
+                    PurePosixPath(path).name: int(r["row_groups"])
+                    for path, r in files.items()
+                    if path.startswith(f"{plan.split}/")
+                }
+                metadata = stage.path / plan.split / "_common_metadata"
+                write_petastorm_metadata(metadata, self.image_shape, row_groups)
         train_sums = [
             r["sums"] for r in sorted(written, key=lambda r: str(r["path"])) if "sums" in r
         ]
@@ -367,6 +419,8 @@ class ImageJob:
             schema=schema,
             statistics=statistics,
             rows=sum(p.rows for p in self.plans),
+            # The shards were hashed and counted by the tasks that wrote them.
+            described={relpath: described(relpath, result) for relpath, result in files.items()},
         )
 
 
@@ -374,20 +428,24 @@ def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, .
     path_of = {e.path: str(catalog.file_path(raw, e)) for e in raw.files}
     shape = tuple(int(d) for d in raw.schema["image_shape"])
     if raw.schema.get("format") == "idx":
-        files = raw.schema["files"]
-        parts = [
-            RawPart(
-                split=split,
-                number=0,
-                kind="idx",
-                paths=(
-                    path_of[files[f"{prefix}-images-idx3-ubyte"]],
-                    path_of[files[f"{prefix}-labels-idx1-ubyte"]],
-                ),
-                rows=int(raw.statistics[f"{split}_rows"]),
+        # The uncompressed copies the ingest made beside gzipped files, where there are any.
+        files = {**raw.schema["files"], **raw.schema.get("decompressed", {})}
+        parts = []
+        for split, prefix in (("train", "train"), ("test", "t10k")):
+            paths = (
+                path_of[files[f"{prefix}-images-idx3-ubyte"]],
+                path_of[files[f"{prefix}-labels-idx1-ubyte"]],
             )
-            for split, prefix in (("train", "train"), ("test", "t10k"))
-        ]
+            plain = not any(idx.is_gzip(p) for p in paths)
+            parts.append(
+                RawPart(
+                    split=split,
+                    number=0,
+                    kind="idx-plain" if plain else "idx",
+                    paths=paths,
+                    rows=int(raw.statistics[f"{split}_rows"]),
+                )
+            )
         return parts, (*shape, 1) if len(shape) == 2 else shape
     if str(raw.schema.get("format", "")).startswith("cifar10-"):
         parts = []
@@ -415,15 +473,16 @@ def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, .
 def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
     """Plan the processing of the raw image version ``raw`` (reads manifests only)."""
     parts, image_shape = _parts(catalog, raw)
-    output_format = options.format or DEFAULT_FORMAT.get(raw.name, "parquet")
+    output_format = options.format or "parquet"
     validation = (
         DEFAULT_VALIDATION_FRACTION
         if options.validation_fraction is None
         else options.validation_fraction
     )
     if options.test_fraction:
-        raise ShardflowError(
-            f"{raw.name} has an official test split; --test-fraction is for sources without one"
+        raise ConfigError(
+            "test_fraction",
+            f"is for sources without an official test split, and {raw.name} has one",
         )
     train_fractions = {"train": 1.0 - validation, "validation": validation}
     if validation == 0:
@@ -470,7 +529,3 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
         plans=tuple(plans),
         source_of={"train": "train", "validation": "train", "test": "test"},
     )
-
-
-def processed_name(dataset: str) -> str:
-    return f"{dataset}-processed"

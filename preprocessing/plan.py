@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from data_catalog.errors import ConfigError
+
 
 @dataclass(frozen=True, kw_only=True)
 class PlanConfig:
@@ -35,12 +37,12 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         for field in ("target_rows_per_group", "target_rows_per_shard", "rank_multiple"):
-            if getattr(self, field) < 1:
-                raise ValueError(f"{field} must be at least 1")
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(field, f"must be a whole number of at least 1, got {value}")
         if self.remainder not in REMAINDER_POLICIES:
-            raise ValueError(
-                f"unknown remainder policy {self.remainder!r}; known: "
-                + ", ".join(REMAINDER_POLICIES)
+            raise ConfigError(
+                "remainder", f"{self.remainder!r} is not one of {', '.join(REMAINDER_POLICIES)}"
             )
 
 
@@ -106,9 +108,11 @@ def equal_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:
     if config.remainder == "pad":
         return _padded_groups(num_rows, config)
     if num_rows < multiple:
-        raise ValueError(
-            f"{num_rows} training rows cannot fill {multiple} equal row groups; "
-            "lower rank_multiple or add data"
+        raise ConfigError(
+            "rank_multiple",
+            f"is {multiple}, but {num_rows} training rows cannot fill {multiple} equal row "
+            "groups; lower it (to a power of two no larger than the number of ranks you will "
+            "train on) or add data",
         )
     best: tuple[int, int, int, int] | None = None  # (dropped, distance, rows_per_group, groups)
     num_groups = multiple
@@ -133,7 +137,7 @@ def equal_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:
 def _padded_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:
     multiple = config.rank_multiple
     if num_rows < 1:
-        raise ValueError("no training rows to pad")
+        raise ConfigError("remainder", "is pad, but there are no training rows to pad")
     best: tuple[int, int, int, int] | None = None  # (padded, distance, rows_per_group, groups)
     num_groups = multiple
     while True:

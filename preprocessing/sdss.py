@@ -18,6 +18,7 @@ processed version "sdss-processed"; rows in = rows out + rows quarantined
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,12 +27,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version
-from data_catalog.errors import ShardflowError
+from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version, processed_name
+from data_catalog.errors import ConfigError, ShardflowError
 from preprocessing import schemas, splits
-from preprocessing.engine import JobOptions, Result, TaskSpec, finished_parquet, write_parquet
+from preprocessing.config import JobOptions
+from preprocessing.driver import Result, Results, TaskSpec
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -39,9 +42,16 @@ from preprocessing.plan import (
     plan_evaluation_split,
     plan_training_split,
 )
+from preprocessing.shard_files import (
+    described,
+    partial_path,
+    record_result,
+    recorded_result,
+    write_parquet,
+)
 
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 1
+WRITER_VERSION = 2
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_TEST_FRACTION = 0.1
 # Rows are small: by default shards of about a raw row group, so that each piece is read about
@@ -55,6 +65,7 @@ _RADII = tuple(f"petroRad_{b}" for b in _BANDS)
 # between about 5 and 35, Petrosian radii positive.
 _MAGNITUDE_RANGE = (0.0, 40.0)
 _RADIUS_RANGE = (0.0, 1_000.0)
+_CLASSES = pa.array(schemas.SDSS_CLASSES, type=pa.string())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,13 +83,27 @@ def read_piece(piece: Piece) -> pa.Table:
     return table
 
 
-def quarantine_reasons(table: pa.Table) -> npt.NDArray[np.object_]:
-    """Why each row cannot be used ("" when it can): the first failed check, in a fixed order."""
-    n = table.num_rows
-    reasons = np.full(n, "", dtype=object)
+def _checks() -> list[tuple[str, str]]:
+    """(column, reason) of every check, in the order a row's first failure is reported."""
+    checks = []
+    for name in (*_MAGNITUDES, *_RADII):
+        checks += [(name, f"nan:{name}"), (name, f"infinite:{name}"), (name, f"sentinel:{name}")]
+    return [*checks, ("redshift", "nan:redshift"), ("class", "unknown class")]
+
+
+# Reason 0 is a good row; a reason's number is its position here, the same for every piece.
+REASONS = ("", *(reason for _column, reason in _checks()), "duplicate (objid, specobjid)")
+_REASON_CODE = {reason: code for code, reason in enumerate(REASONS)}
+
+
+def quarantine_codes(table: pa.Table) -> npt.NDArray[np.int16]:
+    """Why each row cannot be used, as an index into :data:`REASONS` (0 when it can): the
+    first failed check, in a fixed order; then a repeat of an earlier row's (objid,
+    specobjid) in the same piece."""
+    codes = np.zeros(table.num_rows, dtype=np.int16)
 
     def mark(bad: npt.NDArray[np.bool_], reason: str) -> None:
-        reasons[bad & (reasons == "")] = reason
+        codes[bad & (codes == 0)] = _REASON_CODE[reason]
 
     for name in (*_MAGNITUDES, *_RADII):
         values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
@@ -88,9 +113,21 @@ def quarantine_reasons(table: pa.Table) -> npt.NDArray[np.object_]:
         mark((values <= low) | (values >= high), f"sentinel:{name}")
     redshift = table.column("redshift").to_numpy(zero_copy_only=False).astype(np.float64)
     mark(~np.isfinite(redshift), "nan:redshift")
-    classes = np.asarray(table.column("class").to_pylist(), dtype=object)
-    known = np.isin(classes, schemas.SDSS_CLASSES)
+    known = pc.is_in(table.column("class"), value_set=_CLASSES).to_numpy(zero_copy_only=False)
     mark(~known, "unknown class")
+    keys = np.stack(
+        [table.column(n).to_numpy().astype(np.uint64) for n in ("objid", "specobjid")], axis=1
+    )
+    _unique, first = np.unique(keys, axis=0, return_index=True)
+    repeated = np.ones(table.num_rows, dtype=bool)
+    repeated[first] = False
+    mark(repeated, REASONS[-1])
+    return codes
+
+
+def quarantine_reasons(table: pa.Table) -> npt.NDArray[np.object_]:
+    """:func:`quarantine_codes` as their reasons ("" when the row can be used)."""
+    reasons: npt.NDArray[np.object_] = np.asarray(REASONS, dtype=object)[quarantine_codes(table)]
     return reasons
 
 
@@ -99,32 +136,6 @@ def split_codes(table: pa.Table, fractions: dict[str, float]) -> npt.NDArray[np.
     objid = table.column("objid").to_numpy().astype(np.uint64)
     specobjid = table.column("specobjid").to_numpy().astype(np.uint64)
     return splits.assign(splits.sample_hash(objid, specobjid), fractions)
-
-
-def scan_piece(piece: Piece, fractions: dict[str, float], work: str) -> Result:
-    """Scan task: count one piece's good rows per split; write its bad rows to quarantine."""
-    table = read_piece(piece)
-    reasons = quarantine_reasons(table)
-    bad = reasons != ""
-    result: Result = {"piece": piece.number, "rows_in": table.num_rows}
-    codes = split_codes(table, fractions)
-    result["split_rows"] = {
-        split: int(np.count_nonzero(~bad & (codes == code)))
-        for code, split in enumerate(splits.SPLITS)
-    }
-    result["quarantined"] = int(np.count_nonzero(bad))
-    kinds, counts = np.unique(reasons[bad].astype(str), return_counts=True)
-    result["reasons"] = {str(k): int(c) for k, c in zip(kinds, counts, strict=True)}
-    if bad.any():
-        relpath = f"quarantine/part-{piece.number:05d}.parquet"
-        quarantined = table.filter(pa.array(bad)).append_column(
-            "reason", pa.array(reasons[bad].astype(str).tolist(), type=pa.string())
-        )
-        write_parquet(
-            quarantined, Path(work) / relpath, row_group_size=max(1, quarantined.num_rows)
-        )
-        result["quarantine_file"] = relpath
-    return result
 
 
 def features(table: pa.Table) -> pa.Table:
@@ -143,9 +154,8 @@ def features(table: pa.Table) -> pa.Table:
             values[name] = (column(first) - column(second)).astype(np.float32)
         else:
             values[name] = column(name).astype(np.float32)
-    classes = np.asarray(table.column("class").to_pylist(), dtype=object)
-    codes = {name: code for code, name in enumerate(schemas.SDSS_CLASSES)}
-    values["label"] = np.fromiter((codes[c] for c in classes), dtype=np.int64, count=len(classes))
+    labels = pc.index_in(table.column("class"), value_set=_CLASSES)
+    values["label"] = labels.to_numpy(zero_copy_only=False).astype(np.int64)
     values["redshift"] = column("redshift")
     values["objid"] = table.column("objid").to_numpy().astype(np.uint64)
     values["specobjid"] = table.column("specobjid").to_numpy().astype(np.uint64)
@@ -154,30 +164,80 @@ def features(table: pa.Table) -> pa.Table:
     )
 
 
+def segment_path(work: str, piece: int, split: str) -> Path:
+    """The good rows of ``split`` in piece ``piece``, as features, in an Arrow IPC file."""
+    return Path(work) / "segments" / f"{piece:05d}-{split}.arrow"
+
+
+def _write_ipc(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(path)
+    try:
+        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+            out.write_table(table)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def scan_piece(piece: Piece, fractions: dict[str, float], work: str) -> Result:
+    """Scan task, the one read of a raw piece: its bad rows go to quarantine with their
+    reason; its good rows, as features, into one Arrow IPC segment per split (which the write
+    tasks slice, memory-mapped, instead of reading the piece again); counts per split."""
+    done = segment_path(work, piece.number, splits.SPLITS[0])
+    recorded = recorded_result(done)
+    if recorded is not None:
+        return {**recorded, "reused": True}
+    table = read_piece(piece)
+    codes = quarantine_codes(table)
+    bad = codes != 0
+    result: Result = {"piece": piece.number, "rows_in": table.num_rows}
+    result["quarantined"] = int(np.count_nonzero(bad))
+    kinds, counts = np.unique(codes[bad], return_counts=True)
+    result["reasons"] = {REASONS[k]: int(c) for k, c in zip(kinds, counts, strict=True)}
+    if bad.any():
+        relpath = f"quarantine/part-{piece.number:05d}.parquet"
+        reasons = pa.array(np.asarray(REASONS, dtype=object)[codes[bad]], type=pa.string())
+        quarantined = table.filter(pa.array(bad)).append_column("reason", reasons)
+        written = write_parquet(
+            quarantined, Path(work) / relpath, row_group_size=max(1, quarantined.num_rows)
+        )
+        result["quarantine"] = {"path": relpath, **written}
+    good = table.filter(pa.array(~bad))
+    split_of = split_codes(good, fractions)
+    rows = features(good)
+    result["split_rows"] = {}
+    # The first split's segment last: its result beside it says the piece is done.
+    for code, split in reversed(list(enumerate(splits.SPLITS))):
+        chosen = rows.filter(pa.array(split_of == code))
+        result["split_rows"][split] = chosen.num_rows
+        _write_ipc(chosen, segment_path(work, piece.number, split))
+    record_result(done, result)
+    return result
+
+
 @dataclass(frozen=True, kw_only=True)
 class Segment:
     """Rows ``start .. stop`` of one piece's good rows of a split."""
 
-    piece: Piece
+    piece: int
     start: int
     stop: int
 
 
-def segments(
-    start: int, rows: int, counts: Sequence[int], pieces: Sequence[Piece]
-) -> list[Segment]:
+def segments(start: int, rows: int, bounds: npt.NDArray[np.int64]) -> list[Segment]:
     """The pieces (and local offsets) that hold positions ``start .. start + rows`` of a split
-    whose pieces hold ``counts`` rows each; positions past the end wrap ("pad")."""
-    total = sum(counts)
-    bounds = np.concatenate([[0], np.cumsum(counts)])
+    whose pieces' rows end at ``bounds`` (cumulative, from 0); positions past the end wrap
+    ("pad"). O(log pieces) per segment."""
+    total = int(bounds[-1])
     out: list[Segment] = []
     position, left = start, rows
     while left > 0:
         at = position % total
         number = int(np.searchsorted(bounds, at, side="right")) - 1
         local = at - int(bounds[number])
-        take = min(left, int(counts[number]) - local)
-        out.append(Segment(piece=pieces[number], start=local, stop=local + take))
+        take = min(left, int(bounds[number + 1]) - at)
+        out.append(Segment(piece=number, start=local, stop=local + take))
         position += take
         left -= take
     return out
@@ -187,8 +247,7 @@ def segments(
 class ShardTask:
     shard: Shard
     segments: tuple[Segment, ...]
-    fractions: dict[str, float]
-    out_dir: str
+    work: str
 
 
 def feature_sums(table: pa.Table) -> Result:
@@ -203,29 +262,28 @@ def feature_sums(table: pa.Table) -> Result:
 
 
 def write_shard(task: ShardTask) -> Result:
-    """Write task: one output shard from the pieces it needs (memory: one piece at a time plus
-    the shard), unless a run of the same job already wrote it whole."""
+    """Write task: one output shard, sliced from its split's segments (memory-mapped: only its
+    own rows are read), unless a run of the same job already wrote it whole."""
     shard = task.shard
-    code = splits.SPLITS.index(shard.split)
+    path = Path(task.work) / shard.path
+    recorded = recorded_result(path)
+    if recorded is not None:
+        return {**recorded, "reused": True}
     parts = []
     for segment in task.segments:
-        table = read_piece(segment.piece)
-        keep = (quarantine_reasons(table) == "") & (split_codes(table, task.fractions) == code)
-        chosen = table.filter(pa.array(keep)).slice(segment.start, segment.stop - segment.start)
-        parts.append(features(chosen))
-        del table
+        source = pa.ipc.open_file(
+            pa.memory_map(str(segment_path(task.work, segment.piece, shard.split)))
+        )
+        parts.append(source.read_all().slice(segment.start, segment.stop - segment.start))
     out = pa.concat_tables(parts).combine_chunks()
+    if out.num_rows != shard.rows:
+        raise ShardflowError(f"{shard.path}: gathered {out.num_rows} rows, planned {shard.rows}")
     result: Result = {"path": shard.path, "split": shard.split}
     if shard.split == "train":
         result["sums"] = feature_sums(out)
-    path = Path(task.out_dir) / shard.path
-    finished = finished_parquet(path, rows=shard.rows, row_groups=shard.num_row_groups)
-    if finished is not None:
-        return {**result, **finished}
-    if out.num_rows != shard.rows:
-        raise ShardflowError(f"{shard.path}: gathered {out.num_rows} rows, planned {shard.rows}")
-    nbytes = write_parquet(out, path, row_group_size=shard.rows_per_group)
-    return {**result, "rows": shard.rows, "bytes": nbytes}
+    result.update(write_parquet(out, path, row_group_size=shard.rows_per_group))
+    record_result(path, result)
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,8 +298,19 @@ class SdssJob:
     pieces: tuple[Piece, ...]
     fractions: dict[str, float]
     plan_config: PlanConfig
+    kind: str = "processed"
+    passes: tuple[str, ...] = ("scan", "write")
 
-    def scan_tasks(self, work: Path) -> list[TaskSpec]:
+    @property
+    def work_key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
+        if pass_name == "scan":
+            return self._scan_tasks(work)
+        return self._write_tasks(done["scan"], work)
+
+    def _scan_tasks(self, work: Path) -> list[TaskSpec]:
         return [
             TaskSpec(
                 key=f"scan-{p.number:05d}",
@@ -264,17 +333,20 @@ class SdssJob:
                 plans.append(plan_evaluation_split(split, sum(counts[split]), self.plan_config))
         return plans
 
-    def write_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
+    def _write_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
         ordered = sorted(scans, key=lambda r: r["piece"])
         tasks = []
         for plan in self.plans(scans):
-            counts = [int(r["split_rows"][plan.split]) for r in ordered]
+            # Where each piece's rows of this split end: computed once per split, so that
+            # planning costs O(pieces + shards), not O(pieces x shards).
+            bounds = np.concatenate(
+                [[0], np.cumsum([int(r["split_rows"][plan.split]) for r in ordered])]
+            ).astype(np.int64)
             for shard in plan.shards:
                 task = ShardTask(
                     shard=shard,
-                    segments=tuple(segments(shard.start, shard.rows, counts, self.pieces)),
-                    fractions=self.fractions,
-                    out_dir=str(work),
+                    segments=tuple(segments(shard.start, shard.rows, bounds)),
+                    work=str(work),
                 )
                 tasks.append(
                     TaskSpec(
@@ -286,18 +358,21 @@ class SdssJob:
                 )
         return tasks
 
-    def commit(
-        self, stage: Staging, scans: Sequence[Result], written: Sequence[Result], work: Path
-    ) -> Manifest:
+    def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
         from preprocessing.images import combine_sums
 
+        scans, written = done["scan"], done["write"]
         plans = self.plans(scans)
         expected = {shard.path for plan in plans for shard in plan.shards}
         missing = expected - {str(r["path"]) for r in written}
         if missing:
             raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
-        quarantine = sorted(str(r["quarantine_file"]) for r in scans if "quarantine_file" in r)
-        for relpath in sorted(expected) + quarantine:
+        files = {str(r["path"]): r for r in written}
+        files.update(
+            {str(r["quarantine"]["path"]): r["quarantine"] for r in scans if "quarantine" in r}
+        )
+        quarantine = sorted(path for path in files if path.startswith("quarantine/"))
+        for relpath in sorted(files):
             stage.adopt(work / relpath, relpath)
         in_order = sorted(written, key=lambda r: str(r["path"]))
         reasons: dict[str, int] = {}
@@ -335,6 +410,8 @@ class SdssJob:
             },
             statistics=statistics,
             rows=sum(p.rows for p in plans),
+            # Hashed and counted by the tasks that wrote them: the commit reads nothing again.
+            described={relpath: described(relpath, result) for relpath, result in files.items()},
         )
 
 
@@ -364,14 +441,14 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
     )
     test = DEFAULT_TEST_FRACTION if options.test_fraction is None else options.test_fraction
     if validation + test >= 1:
-        raise ShardflowError("--validation-fraction plus --test-fraction must be below 1")
+        raise ConfigError("test_fraction", f"plus validation_fraction must be below 1, got {test}")
     fractions = {"train": 1.0 - validation - test, "validation": validation, "test": test}
     if (options.format or "parquet") != "parquet":
-        raise ShardflowError("sdss is written as plain Parquet (tabular features); drop --format")
+        raise ConfigError("format", "must be parquet for sdss (tabular features)")
     config = options.plan
     if config.target_rows_per_shard == PlanConfig().target_rows_per_shard:
         config = replace(config, target_rows_per_shard=DEFAULT_ROWS_PER_SHARD)
-    name = "sdss-processed"
+    name = processed_name(raw.name)
     parents = (raw.ref,)
     parameters = {
         "plan": asdict(config),

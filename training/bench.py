@@ -18,25 +18,29 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from data_catalog import Catalog, Manifest
+from data_catalog import Catalog, Manifest, processed_name
 from data_catalog.errors import ShardflowError
 from training import models
+from training.config import TrainConfig
 from training.input import InputSpec, SplitLayout, load_split, make_train_dataset
-from training.launcher import TrainConfig, launch
+from training.launcher import launch
 from training.worker import WorkerConfig
 
 Progress = Callable[[str], None]
 
 
 def _processed(catalog: Catalog, dataset: str) -> tuple[Manifest, SplitLayout, Path]:
-    from preprocessing.jobs import processed_name
-
     manifest = catalog.get(processed_name(dataset))
     stats = manifest.statistics["train"]
     layout = SplitLayout(
         rows_per_group=int(stats["rows_per_group"]), num_row_groups=int(stats["num_row_groups"])
     )
     return manifest, layout, catalog.version_dir(manifest.name, manifest.version)
+
+
+def _model_for(spec: InputSpec) -> str:
+    """The model the benchmarks train: the small one of the data's kind."""
+    return "cnn" if spec.kind == "images" else "dnn"
 
 
 def bench_reader(
@@ -74,7 +78,7 @@ def bench_reader(
     )
     normalization = manifest.statistics.get("normalization", {})
     model = models.build(
-        "cnn" if spec.kind == "images" else "dnn",
+        _model_for(spec),
         input_shape=spec.input_shape,
         num_classes=int(manifest.schema["num_classes"]),
         mean=normalization.get("mean"),
@@ -135,30 +139,34 @@ def bench_scaling(
     steps = min(steps, layout.steps_per_epoch(2, batch_size))
     throughput: dict[int, float] = {1: 0.0, 2: 0.0}
     measured: dict[str, list[float]] = {"1": [], "2": []}
+    spec = InputSpec.of(manifest.schema)
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
         for launch_number, num_ranks in enumerate([1, 2] * rounds):
             run_dir = Path(scratch) / f"np{num_ranks}-{launch_number}"
             run_dir.mkdir()
-            spec = InputSpec.of(manifest.schema)
+            config = TrainConfig(
+                num_ranks=num_ranks,
+                epochs=3,
+                batch_size=batch_size,
+                model=_model_for(spec),
+                learning_rate=0.001,
+                seed=0,
+                shuffle_buffer=4096,
+                warmup_epochs=1,
+            )
             WorkerConfig(
+                train=config,
                 train_url=(directory / "train").resolve().as_uri(),
                 test_dir=str(directory / "test"),
                 run_dir=str(run_dir),
                 spec=asdict(spec),
                 num_classes=int(manifest.schema["num_classes"]),
-                model="cnn" if spec.kind == "images" else "dnn",
-                epochs=3,
-                batch_size=batch_size,
-                learning_rate=0.001,
-                seed=0,
                 steps_per_epoch=steps,
-                shuffle_buffer=4096,
-                warmup_epochs=1,
                 threads_per_rank=1,
                 evaluate=False,
             ).dump(run_dir / "worker.json")
             with one_blas_thread():
-                launch(TrainConfig(num_ranks=num_ranks, batch_size=batch_size), run_dir, progress)
+                launch(config, run_dir, progress)
             metrics = json.loads((run_dir / "metrics.json").read_text())
             # Epochs after the first: the first includes graph tracing and filling the pipeline.
             rates = [steps * batch_size * num_ranks / s for s in metrics["epoch_seconds"][1:]]
@@ -257,6 +265,8 @@ def bench_aggregation(
     epoch and test accuracy. Every cell is a real training run, committed as a model version."""
     from training.launcher import train
 
+    processed, _layout, _directory = _processed(catalog, dataset)
+    model = _model_for(InputSpec.of(processed.schema))
     rows = []
     for num_ranks in ranks:
         for k in passes:
@@ -264,7 +274,9 @@ def bench_aggregation(
             manifest, metrics = train(
                 catalog,
                 dataset,
-                config=TrainConfig(num_ranks=num_ranks, epochs=epochs, backward_passes_per_step=k),
+                config=TrainConfig(
+                    num_ranks=num_ranks, epochs=epochs, model=model, backward_passes_per_step=k
+                ),
                 runs_dir=runs_dir,
                 progress=progress,
             )

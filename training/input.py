@@ -293,7 +293,7 @@ def make_train_dataset(
 
     # The generator hands over chunks of whole batches (one Python call per few thousand rows,
     # not per batch); tf.data cuts them into batches and prefetches.
-    return (
+    return without_autotuning(
         tf.data.Dataset.from_generator(generate, output_signature=signature)
         .flat_map(
             lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(
@@ -303,6 +303,31 @@ def make_train_dataset(
         .map(scale, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
     )
+
+
+def without_autotuning(dataset: Any) -> Any:
+    """``dataset`` without tf.data's autotuning thread.
+
+    With TensorFlow 2.15, deleting an iterator (Keras does it when ``fit``, ``evaluate`` or
+    ``predict`` returns) now and then waits for that thread to sleep out its optimisation
+    period, which doubles up to 60 s over a long run: ``fit`` returned up to 54 s after its last
+    epoch on one rank or the other (docs/training.md, "Evaluation"). Without it, ``prefetch``
+    still grows its buffer as the consumer waits (its legacy autotuner), and epochs take as long.
+    """
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
+def in_batches(arrays: Any, batch_size: int) -> Any:
+    """In-memory arrays (a tuple for (inputs, labels)) as a tf.data.Dataset of batches in row
+    order, for ``evaluate`` and ``predict``: the batches Keras cuts from arrays itself, without
+    the autotuning thread it would start."""
+    import tensorflow as tf
+
+    return without_autotuning(tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size))
 
 
 def load_split(directory: str | Path, spec: InputSpec) -> tuple[Any, Any]:

@@ -21,86 +21,21 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from data_catalog import Catalog, Manifest, derived_version
+from data_catalog import Catalog, Manifest, derived_version, model_name, processed_name
 from data_catalog.errors import ShardflowError
 from training import models
+from training.config import TrainConfig
 from training.input import SplitLayout
 from training.worker import WorkerConfig
 
 Progress = Callable[[str], None]
 
-COMPRESSIONS = ("none", "fp16")
-CONTROLLERS = ("gloo", "mpi")
-# Options that change how a run executes, not what it computes: not part of the version id.
-EXECUTION_ONLY = ("hosts", "hostfile", "controller", "resume", "timeline")
 
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """How to train; every field is part of the model version's identity except ``hosts``."""
-
-    num_ranks: int = 2
-    epochs: int = 3
-    batch_size: int = 32
-    """Per rank; the global batch is batch_size * num_ranks."""
-    model: str = "cnn"
-    learning_rate: float = 0.001
-    """For one rank; scaled by the number of ranks."""
-    warmup_epochs: int = 1
-    seed: int = 0
-    shuffle_buffer: int = 4096
-    backward_passes_per_step: int = 1
-    """Local gradient aggregation: allreduce once every K batches."""
-    compression: str = "none"
-    """Allreduce compression: none or fp16."""
-    augment: bool = False
-    """Random shifts of up to 2 pixels while training: for small training sets."""
-    hosts: str | None = None
-    """horovodrun -H value (host:slots,...); default localhost:num_ranks."""
-    hostfile: str | None = None
-    """horovodrun --hostfile (one "host slots=N" per line), instead of ``hosts``."""
-    controller: str = "gloo"
-    """gloo (built into every Horovod) or mpi (when Horovod was built with MPI)."""
-    resume: bool = False
-    """Continue from the last checkpoint of an interrupted run of the same configuration."""
-    timeline: bool = False
-    """Write Horovod's timeline (chrome://tracing JSON) into the run directory."""
-
-    def __post_init__(self) -> None:
-        checks = {
-            "--np": self.num_ranks,
-            "--epochs": self.epochs,
-            "--batch-size": self.batch_size,
-            "--backward-passes-per-step": self.backward_passes_per_step,
-        }
-        for flag, value in checks.items():
-            if value < 1:
-                raise ShardflowError(f"{flag} must be at least 1, got {value}")
-        if self.model not in models.MODELS:
-            raise ShardflowError(f"unknown model {self.model!r}; known: {', '.join(models.MODELS)}")
-        if self.compression not in COMPRESSIONS:
-            raise ShardflowError(
-                f"unknown compression {self.compression!r}; known: {', '.join(COMPRESSIONS)}"
-            )
-        if self.learning_rate <= 0:
-            raise ShardflowError(f"--lr must be positive, got {self.learning_rate}")
-        if self.controller not in CONTROLLERS:
-            raise ShardflowError(
-                f"unknown controller {self.controller!r}; known: {', '.join(CONTROLLERS)}"
-            )
-        if self.hosts and self.hostfile:
-            raise ShardflowError("give --hosts or --hostfile, not both")
-
-
-def model_name(dataset: str, model: str) -> str:
-    return f"{dataset}-{model}"
-
-
-def horovodrun() -> str:
+def find_horovodrun() -> str:
     """The horovodrun of this environment (beside its python), else the one on PATH."""
     local = Path(sys.executable).parent / "horovodrun"
     found = str(local) if local.exists() else shutil.which("horovodrun")
@@ -157,12 +92,15 @@ def train(
 ) -> tuple[Manifest, dict[str, Any]]:
     """Train on the latest processed version of ``dataset``; returns (model version, metrics).
 
-    The same processed version, configuration and code give the same model version: a rerun
-    returns the committed one without training again.
+    ``config.model`` must name a model: the caller resolves None (the dataset's default model)
+    first. The same processed version, configuration and code give the same model version: a
+    rerun returns the committed one without training again.
     """
-    from preprocessing.jobs import processed_name
     from training.input import InputSpec
 
+    if config.model is None:
+        # The caller knows the dataset registry and resolves None to the dataset's default.
+        raise ValueError("TrainConfig.model is None: resolve the dataset's default model first")
     if not catalog.is_local:
         raise ShardflowError(
             f"training streams shards by path: the catalog {catalog.url} is not on a local or "
@@ -184,7 +122,7 @@ def train(
     except ValueError as exc:
         raise ShardflowError(str(exc)) from exc
     name = model_name(dataset, config.model)
-    parameters = {k: v for k, v in asdict(config).items() if k not in EXECUTION_ONLY}
+    parameters = config.parameters()
     parents = [processed.ref]
     version = derived_version(name=name, kind="model", parents=parents, parameters=parameters)
     if catalog.exists(name, version):
@@ -204,6 +142,7 @@ def train(
     normalization = processed.statistics.get("normalization", {})
     validation_dir = _split_dir(catalog, processed, "validation")
     worker_config = WorkerConfig(
+        train=config,
         train_url=_split_dir(catalog, processed, "train").resolve().as_uri(),
         test_dir=str(_split_dir(catalog, processed, "test")),
         validation_dir=str(validation_dir) if validation_dir.is_dir() else None,
@@ -212,18 +151,7 @@ def train(
         mean=normalization.get("mean"),
         std=normalization.get("std"),
         num_classes=int(processed.schema["num_classes"]),
-        model=config.model,
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        learning_rate=config.learning_rate,
-        seed=config.seed,
         steps_per_epoch=steps,
-        shuffle_buffer=config.shuffle_buffer,
-        warmup_epochs=min(config.warmup_epochs, config.epochs),
-        backward_passes_per_step=config.backward_passes_per_step,
-        compression=config.compression,
-        resume=config.resume,
-        augment=config.augment,
     )
     worker_config.dump(run_dir / "worker.json")
     progress(
@@ -264,21 +192,31 @@ def train(
     return manifest, metrics
 
 
-def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
-    """Run `horovodrun` on the worker config in ``run_dir``; raises ShardflowError on failure."""
-    command = [horovodrun(), "-np", str(config.num_ranks)]
+def horovodrun_command(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    horovodrun: str = "horovodrun",
+    python: str = sys.executable,
+) -> list[str]:
+    """The command line that starts ``config.num_ranks`` ranks of ``python -m training.worker``
+    on the worker config in ``run_dir``: where they run, which controller, the timeline."""
+    command = [horovodrun, "-np", str(config.num_ranks)]
     if config.hostfile:
         command += ["--hostfile", config.hostfile]
     else:
         command += ["-H", config.hosts or f"localhost:{config.num_ranks}"]
-    if config.controller == "mpi":
-        require_mpi()
-        command.append("--mpi")
-    else:
-        command.append("--gloo")
+    command.append("--mpi" if config.controller == "mpi" else "--gloo")
     if config.timeline:
         command += ["--timeline-filename", str(run_dir / "timeline.json")]
-    command += [sys.executable, "-m", "training.worker", str(run_dir / "worker.json")]
+    return [*command, python, "-m", "training.worker", str(run_dir / "worker.json")]
+
+
+def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
+    """Run `horovodrun` on the worker config in ``run_dir``; raises ShardflowError on failure."""
+    if config.controller == "mpi":
+        require_mpi()
+    command = horovodrun_command(config, run_dir, horovodrun=find_horovodrun())
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     progress("$ " + " ".join(command))
     tail: deque[str] = deque(maxlen=200)

@@ -18,45 +18,52 @@ from typing import Any
 
 import numpy as np
 
+from training.config import TrainConfig
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
-    """Everything a rank needs, written by the launcher as JSON."""
+    """Everything a rank needs, written by the launcher as JSON: the user's :class:`TrainConfig`
+    and what the launcher derived from the processed version."""
 
+    train: TrainConfig
+    """How to train, as the user chose it; ``train.model`` is resolved (not None)."""
     train_url: str
+    """file:// URL of the training split, which petastorm streams."""
     test_dir: str
+    """The test split, evaluated on rank 0 after training."""
     run_dir: str
+    """Checkpoints, TensorBoard logs, model.keras, metrics.json and curves.png go here."""
     spec: dict[str, Any]
     """The processed version's :class:`training.input.InputSpec`, as a dict."""
     num_classes: int
-    model: str
-    epochs: int
-    batch_size: int
-    learning_rate: float
-    seed: int
     steps_per_epoch: int
-    shuffle_buffer: int
-    warmup_epochs: int
-    backward_passes_per_step: int = 1
-    compression: str = "none"
-    resume: bool = False
+    """Batches every rank takes per epoch, planned from the catalog's row counts."""
     threads_per_rank: int = 0
     """Compute threads per rank; 0 shares the host's cores among its ranks."""
     evaluate: bool = True
     """Evaluate on the test split and save the model (benchmarks skip both)."""
-    augment: bool = False
     mean: list[float] | None = None
     """Normalisation statistics of the training split (the model's first layer)."""
     std: list[float] | None = None
     validation_dir: str | None = None
     """Evaluated after every epoch when the processed version has a validation split."""
 
+    def __post_init__(self) -> None:
+        if self.train.model is None:
+            raise ValueError("WorkerConfig.train.model is None: resolve the model first")
+
     @classmethod
     def load(cls, path: str | Path) -> WorkerConfig:
-        return cls(**json.loads(Path(path).read_text()))
+        fields = json.loads(Path(path).read_text())
+        return cls(**{**fields, "train": TrainConfig(**fields["train"])})
 
     def dump(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+
+# Rows per batch when evaluating (validation every epoch, test at the end): inference only.
+EVALUATION_BATCH = 1024
 
 
 def _configure_threads(local_size: int, threads_per_rank: int) -> None:
@@ -157,6 +164,11 @@ def allreduce_meter(counter: Any) -> Any:
 
 
 def run(config: WorkerConfig) -> None:
+    train = config.train
+    assert train.model is not None  # WorkerConfig refuses an unresolved model
+    architecture = train.model
+    # At most the run's epochs, whatever the configuration asks.
+    warmup_epochs = min(train.warmup_epochs, train.epochs)
     if config.threads_per_rank == 1:
         pin_to_one_core()
     import horovod.tensorflow as hvd_tf
@@ -164,7 +176,7 @@ def run(config: WorkerConfig) -> None:
     import tensorflow as tf
 
     from training import models
-    from training.input import InputSpec, load_split, make_train_dataset
+    from training.input import InputSpec, in_batches, load_split, make_train_dataset
 
     # petastorm 0.13.1 reads through pyarrow's legacy ParquetDataset, which warns on every
     # call; pyarrow stays at 14 for it (docs/STACK.md).
@@ -179,13 +191,13 @@ def run(config: WorkerConfig) -> None:
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     _configure_threads(hvd.local_size(), config.threads_per_rank)
-    tf.keras.utils.set_random_seed(config.seed)
+    tf.keras.utils.set_random_seed(train.seed)
 
     spec = InputSpec(**config.spec)
 
     def build_model(augment: bool) -> Any:
         return models.build(
-            config.model,
+            architecture,
             input_shape=spec.input_shape,
             num_classes=config.num_classes,
             mean=config.mean,
@@ -193,16 +205,16 @@ def run(config: WorkerConfig) -> None:
             augment=augment,
         )
 
-    model = build_model(config.augment)
+    model = build_model(train.augment)
     # Horovod: scale the learning rate by the number of ranks (the global batch grows with it).
-    scaled_lr = config.learning_rate * num_ranks
+    scaled_lr = train.learning_rate * num_ranks
     # Horovod: average gradients across ranks with allreduce; with K backward passes per step,
     # gradients of K local batches are summed locally and sent once (K times less traffic).
     sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="allreduce_bytes")
-    compression = hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
+    compression = hvd.Compression.fp16 if train.compression == "fp16" else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.legacy.Adam(scaled_lr),
-        backward_passes_per_step=config.backward_passes_per_step,
+        backward_passes_per_step=train.backward_passes_per_step,
         average_aggregated_gradients=True,
         compression=counting_compression(compression, sent),
     )
@@ -214,7 +226,7 @@ def run(config: WorkerConfig) -> None:
     run_dir = Path(config.run_dir)
     checkpoints = run_dir / "checkpoints"
     initial_epoch = 0
-    if config.resume:
+    if train.resume:
         # Horovod: rank 0 decides where to resume from and tells the others.
         done, weights = last_checkpoint(checkpoints) if rank == 0 else (0, None)
         initial_epoch = int(hvd_tf.broadcast_object(done, root_rank=0))
@@ -227,37 +239,42 @@ def run(config: WorkerConfig) -> None:
         spec,
         rank=rank,
         num_ranks=num_ranks,
-        batch_size=config.batch_size,
+        batch_size=train.batch_size,
         steps_per_epoch=config.steps_per_epoch,
-        seed=config.seed,
-        shuffle_buffer=config.shuffle_buffer,
+        seed=train.seed,
+        shuffle_buffer=train.shuffle_buffer,
         first_epoch=initial_epoch,
-        epochs=config.epochs,
+        epochs=train.epochs,
     )
     validation = (
-        load_split(config.validation_dir, spec) if config.validation_dir is not None else None
+        in_batches(load_split(config.validation_dir, spec), EVALUATION_BATCH)
+        if config.validation_dir is not None
+        else None
     )
     callbacks: list[Any] = [
         # Horovod: start every rank from rank 0's initial weights.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Horovod: report metrics averaged over all ranks.
         hvd.callbacks.MetricAverageCallback(),
-        # Horovod: ramp the scaled learning rate up over the first epoch(s).
-        hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=scaled_lr,
-            warmup_epochs=config.warmup_epochs,
-            steps_per_epoch=config.steps_per_epoch,
-            verbose=0,
-        ),
     ]
-    if config.epochs > config.warmup_epochs:
+    if warmup_epochs:
+        # Horovod: ramp the scaled learning rate up over the first epoch(s).
+        callbacks.append(
+            hvd.callbacks.LearningRateWarmupCallback(
+                initial_lr=scaled_lr,
+                warmup_epochs=warmup_epochs,
+                steps_per_epoch=config.steps_per_epoch,
+                verbose=0,
+            )
+        )
+    if train.epochs > warmup_epochs:
         # Then a cosine decay to the end: on short schedules the last epoch at a low rate is
         # worth about a point of test accuracy.
         callbacks.append(
             hvd.callbacks.LearningRateScheduleCallback(
                 initial_lr=scaled_lr,
-                multiplier=cosine_decay(config.warmup_epochs, config.epochs),
-                start_epoch=config.warmup_epochs,
+                multiplier=cosine_decay(warmup_epochs, train.epochs),
+                start_epoch=warmup_epochs,
                 staircase=False,
                 steps_per_epoch=config.steps_per_epoch,
             )
@@ -280,32 +297,31 @@ def run(config: WorkerConfig) -> None:
     history = model.fit(
         dataset,
         steps_per_epoch=config.steps_per_epoch,
-        epochs=config.epochs,
+        epochs=train.epochs,
         initial_epoch=initial_epoch,
         callbacks=callbacks,
         validation_data=validation,
-        validation_batch_size=1024,
         verbose=2 if rank == 0 else 0,
     )
     train_seconds = time.perf_counter() - started
     if rank != 0:
         return
 
-    epochs_run = config.epochs - initial_epoch
-    samples_per_epoch = config.steps_per_epoch * config.batch_size * num_ranks
+    epochs_run = train.epochs - initial_epoch
+    samples_per_epoch = config.steps_per_epoch * train.batch_size * num_ranks
     # What each rank hands to allreduce per epoch: every trainable gradient once per optimizer
     # step (one step per K backward passes), at 2 bytes per value with fp16 compression.
     gradient_values = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    value_bytes = 2 if config.compression == "fp16" else 4
+    value_bytes = 2 if train.compression == "fp16" else 4
     # One allreduce per K steps, counted across epoch ends (Horovod carries the partial sum).
-    allreduces = config.steps_per_epoch / config.backward_passes_per_step
+    allreduces = config.steps_per_epoch / train.backward_passes_per_step
     metrics: dict[str, Any] = {
         "num_ranks": num_ranks,
-        "epochs": config.epochs,
+        "epochs": train.epochs,
         "steps_per_epoch": config.steps_per_epoch,
-        "global_batch_size": config.batch_size * num_ranks,
-        "backward_passes_per_step": config.backward_passes_per_step,
-        "compression": config.compression,
+        "global_batch_size": train.batch_size * num_ranks,
+        "backward_passes_per_step": train.backward_passes_per_step,
+        "compression": train.compression,
         "resumed_after_epoch": initial_epoch,
         "gradient_values": gradient_values,
         # Measured: bytes rank 0 handed to allreduce in each epoch (after compression).
@@ -319,12 +335,16 @@ def run(config: WorkerConfig) -> None:
         "samples_per_second": samples_per_epoch * epochs_run / train_seconds,
     }
     if config.evaluate:
+        evaluation_started = time.perf_counter()
+        # The model that is saved: no augmentation layer, no Horovod optimizer.
         export = build_model(augment=False)
         export.set_weights(model.get_weights())
         x_test, y_test = load_split(config.test_dir, spec)
-        predictions = np.argmax(export.predict(x_test, batch_size=1024, verbose=0), axis=1)
+        logits = export.predict(in_batches(x_test, EVALUATION_BATCH), verbose=0)
+        predictions = np.argmax(logits, axis=1)
         metrics["test_accuracy"] = float(np.mean(predictions == y_test))
         metrics["test_rows"] = len(y_test)
+        metrics["test_seconds"] = time.perf_counter() - evaluation_started
         export.save(run_dir / "model.keras")
         print(
             f"test accuracy {metrics['test_accuracy']:.4f} on {len(y_test)} held-out rows",

@@ -1,14 +1,23 @@
-"""Download one URL to a file: retries with backoff, HTTP Range resume, progress, sha256.
+"""Fetch one URL or local path to a file: retries with backoff, HTTP Range resume, progress,
+sha256 while streaming, and an optional download cache. Every source fetches through here.
 
-url ── http(s): urllib, one GET per attempt
-    │  transient failure (connection reset or cut short, timeout, HTTP 5xx / 408 / 429)?
+url ── cache given and the source's state known (size, mtime / ETag / Last-Modified)?
+    │      a whole entry fetched before from this state, digest checked: placed, not fetched
+    │  http(s): urllib, one GET per attempt
+    │      transient failure (connection reset or cut short, timeout, HTTP 5xx / 408 / 429)?
     │      wait (backoff doubling), then ask for the rest with "Range: bytes=<have>-";
     │      a server that answers 200 instead of 206 sends everything again: start over
-    │  other fsspec URLs (file://, s3://, ...): streamed copy, retried from the start
+    │  other fsspec URLs and local paths (file://, s3://, /data/...): streamed copy,
+    │      retried from the start
     ▼
-dest.part ── renamed to dest only when whole (size checked against the server's length)
+<name>.<host>.<pid>.<token>.part ── this process's own partial file, hashed as it is written
+    │  renamed only when whole (size checked against the server's length)
     ▼
-(sha256, bytes) of dest; on any refusal neither dest nor dest.part is left behind
+dest (and the cache entry <url key>-<state key> with its <entry>.sha256)
+
+Fetched(sha256, size); on any refusal neither dest nor a partial file is left behind. Two
+processes fetching the same URL into one cache each write their own partial file; the last
+rename wins and both get the whole file.
 """
 
 from __future__ import annotations
@@ -17,16 +26,19 @@ import hashlib
 import http.client
 import os
 import re
+import secrets
+import shutil
+import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NamedTuple
 
-from preprocessing.sources.mnist import SourceError
+from preprocessing.sources.errors import SourceError
 
-__all__ = ["DownloadError", "download"]
+__all__ = ["DownloadError", "Fetched", "fetch", "forget", "sha256_file"]
 
 Progress = Callable[[str], None]
 
@@ -37,10 +49,19 @@ _MAX_BACKOFF = 60.0
 # Statuses worth asking again: the server is busy, restarting or timed out on its side.
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+# What fsspec's info() may tell of a file's current state, by filesystem.
+_STATE_FIELDS = ("size", "mtime", "ETag", "etag", "LastModified", "Last-Modified")
 
 
 class DownloadError(SourceError):
     """A URL could not be fetched whole; the message names the URL and the last failure."""
+
+
+class Fetched(NamedTuple):
+    """What was fetched: the sha256 (hex) and the size in bytes of the file at dest."""
+
+    sha256: str
+    size: int
 
 
 class _Transient(Exception):
@@ -66,6 +87,71 @@ class _Reporter:
             self.last_tenth = max(tenth, self.last_tenth)
 
 
+class _Partial:
+    """The file one transfer writes before it is whole, and the sha256 of the bytes it holds."""
+
+    def __init__(self, url: str, path: Path) -> None:
+        self.url = url
+        self.path = path
+        self.size = 0
+        self._digest = hashlib.sha256()
+        self._file: IO[bytes] | None = None
+
+    def held(self) -> int:
+        """Bytes already held that a resume may keep: all of them when the digest covers
+        exactly what is on disk, else none (the transfer then starts over)."""
+        try:
+            on_disk = self.path.stat().st_size
+        except FileNotFoundError:
+            on_disk = 0
+        if on_disk != self.size:
+            self.discard()
+        return self.size
+
+    def open(self, *, append: bool) -> None:
+        """Start writing: after the bytes held when ``append``, else from the beginning."""
+        if not append:
+            self.size, self._digest = 0, hashlib.sha256()
+        try:
+            # Held across write() calls; the attempts close it in a finally (close()).
+            self._file = open(self.path, "ab" if append else "wb")  # noqa: SIM115
+        except OSError as exc:
+            raise self._cannot_write(exc) from exc
+
+    def write(self, chunk: bytes) -> None:
+        assert self._file is not None, "write before open"
+        try:
+            self._file.write(chunk)
+        except OSError as exc:
+            raise self._cannot_write(exc) from exc
+        self._digest.update(chunk)
+        self.size += len(chunk)
+
+    def close(self) -> None:
+        if self._file is None:
+            return
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except OSError as exc:
+            raise self._cannot_write(exc) from exc
+
+    def discard(self) -> None:
+        """Forget what is held: the next transfer starts from the beginning."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+        self.path.unlink(missing_ok=True)
+        self.size, self._digest = 0, hashlib.sha256()
+
+    def fetched(self) -> Fetched:
+        return Fetched(self._digest.hexdigest(), self.size)
+
+    def _cannot_write(self, exc: OSError) -> DownloadError:
+        # Not retried: a full disk or a missing folder stays so on the next attempt.
+        return DownloadError(f"{self.url}: cannot write {self.path}: {exc}")
+
+
 def sha256_file(path: Path) -> tuple[str, int]:
     """(sha256 hex, bytes) of a local file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
@@ -77,11 +163,239 @@ def sha256_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def fetch(
+    url: str,
+    dest: Path,
+    *,
+    cache: Path | None = None,
+    progress: Progress = lambda _msg: None,
+    timeout: float = 60.0,
+    attempts: int = 4,
+    backoff: float = 1.0,
+) -> Fetched:
+    """Fetch ``url`` (any fsspec URL or a local path) into ``dest``; returns its sha256 and size.
+
+    http(s) transfers cut short resume with a Range request where the server allows it;
+    ``attempts`` counts tries in all, waiting ``backoff`` seconds before the second and twice as
+    long before each next one. ``timeout`` bounds each connect and each read, not the whole
+    transfer. Other URLs go through fsspec and restart from the beginning on failure.
+
+    With ``cache`` (a directory), a file fetched whole before is placed from there instead
+    (hard-linked where the filesystem allows, else copied) while the source's size and
+    modification stamp (or ETag) are unchanged; a source that tells neither is not cached.
+    Call :func:`forget` once the bytes are kept elsewhere.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    dest = Path(dest)
+
+    def transfer(partial: Path) -> Fetched:
+        return _transfer(
+            url, partial, timeout=timeout, attempts=attempts, backoff=backoff, progress=progress
+        )
+
+    key = _entry_key(url) if cache is not None else None
+    if cache is None or key is None:
+        partial = _partial_path(dest)
+        try:
+            fetched = transfer(partial)
+            _publish(url, partial, dest)
+        finally:
+            partial.unlink(missing_ok=True)
+    else:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DownloadError(f"{url}: cannot use the download cache {cache}: {exc}") from exc
+        _sweep(cache, url)
+        entry, record = cache / key, cache / f"{key}.sha256"
+        reused = _reuse(url, entry, record, dest)
+        if reused is not None:
+            progress(f"reused {url} from the download cache")
+            return reused
+        partial = _partial_path(entry)
+        try:
+            fetched = transfer(partial)
+            _place(url, partial, dest)
+            try:
+                # Whole or absent under its name: a crash leaves at most this partial file.
+                _publish(url, partial, entry)
+                _write_atomically(url, record, fetched.sha256 + "\n")
+            except DownloadError:
+                dest.unlink(missing_ok=True)
+                raise
+        finally:
+            partial.unlink(missing_ok=True)
+    progress(f"{url}: fetched {fetched.size:,} bytes")
+    return fetched
+
+
+def forget(urls: Iterable[str], *, cache: Path | None) -> None:
+    """Drop the cache entries of ``urls`` (every state fetched), once their bytes are kept
+    elsewhere, e.g. in a committed catalog version. The partial files of fetches still
+    running stay; those of processes that are gone are removed."""
+    if cache is None:
+        return
+    for url in urls:
+        for path in cache.glob(f"{_url_key(url)}-*"):
+            if not path.name.endswith(".part"):
+                path.unlink(missing_ok=True)
+        _sweep(cache, url)
+
+
+# ---------------------------------------------------------------------------------------------
+# The download cache
+
+
+def _url_key(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def _entry_key(url: str) -> str | None:
+    """Names one state of a source: ``<url key>-<state key>``; None when fsspec tells nothing
+    of the state (no size, modification time or ETag), so that a change could go unseen."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        info = fs.info(path)
+    except (ImportError, OSError, ValueError):
+        return None
+    state = [info.get(name) for name in _STATE_FIELDS]
+    if all(value is None for value in state):
+        return None
+    return f"{_url_key(url)}-{hashlib.sha256(repr(state).encode()).hexdigest()[:16]}"
+
+
+def _reuse(url: str, entry: Path, record: Path, dest: Path) -> Fetched | None:
+    """The cached entry placed at ``dest`` when whole (its digest as recorded), else None."""
+    try:
+        expected = record.read_text().strip()
+    except OSError:
+        return None
+    try:
+        _place(url, entry, dest)
+    except DownloadError:
+        if entry.exists():
+            raise
+        return None  # forgotten by another process meanwhile
+    # The placed bytes are checked, not the entry's name: another process may replace it.
+    digest, size = sha256_file(dest)
+    if digest != expected:
+        dest.unlink()
+        return None
+    return Fetched(digest, size)
+
+
+def _sweep(cache: Path, url: str) -> None:
+    """Remove the partial files of ``url`` left by processes of this host that are gone."""
+    for path in cache.glob(f"{_url_key(url)}-*.part"):
+        if _abandoned(path):
+            path.unlink(missing_ok=True)
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def _partial_path(final: Path) -> Path:
+    """A name beside ``final`` that no other process or thread writes."""
+    return final.with_name(f"{final.name}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}.part")
+
+
+def _abandoned(partial: Path) -> bool:
+    """Whether ``partial`` was written by a process of this host that no longer runs."""
+    parts = partial.name.removesuffix(".part").rsplit(".", 3)
+    if len(parts) != 4 or parts[1] != _host() or not parts[2].isdigit():
+        return False  # another host's (a shared cache): its process cannot be asked
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, someone else's
+    return False
+
+
+def _place(url: str, source: Path, dest: Path) -> None:
+    """Put ``source``'s bytes at ``dest`` in one step: hard-linked, or copied across
+    filesystems, under a partial name first."""
+    partial = _partial_path(dest)
+    try:
+        try:
+            os.link(source, partial)
+        except OSError:
+            shutil.copyfile(source, partial)
+        os.replace(partial, dest)
+    except OSError as exc:
+        raise DownloadError(f"{url}: cannot write {dest}: {exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _publish(url: str, partial: Path, final: Path) -> None:
+    try:
+        os.replace(partial, final)
+    except OSError as exc:
+        raise DownloadError(f"{url}: cannot write {final}: {exc}") from exc
+
+
+def _write_atomically(url: str, path: Path, text: str) -> None:
+    partial = _partial_path(path)
+    try:
+        try:
+            partial.write_text(text)
+        except OSError as exc:
+            raise DownloadError(f"{url}: cannot write {path}: {exc}") from exc
+        _publish(url, partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# One transfer, retried
+
+
+def _transfer(
+    url: str, path: Path, *, timeout: float, attempts: int, backoff: float, progress: Progress
+) -> Fetched:
+    """Fetch ``url`` whole into ``path``, retrying transient failures (the caller removes
+    ``path`` when this raises)."""
+    partial = _Partial(url, path)
+    reporter = _Reporter(url, progress)
+    is_http = url.lower().startswith(("http://", "https://"))
+    failures: list[str] = []
+    for attempt in range(1, attempts + 1):
+        try:
+            if is_http:
+                _http_attempt(url, partial, timeout=timeout, resume=attempt > 1, reporter=reporter)
+            else:
+                _fsspec_attempt(url, partial, reporter=reporter)
+        except _Transient as exc:
+            failures.append(str(exc))
+            if attempt == attempts:
+                break
+            wait = min(backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
+            have = partial.held() if is_http else 0
+            progress(
+                f"{url}: {exc} (attempt {attempt}/{attempts}); retrying in {wait:.1f} s"
+                + (f", resuming at byte {have:,}" if have else "")
+            )
+            time.sleep(wait)
+            continue
+        return partial.fetched()
+    raise DownloadError(
+        f"{url}: failed {attempts} times, last: {failures[-1]}; check the URL and the "
+        "network, then retry"
+    )
+
+
 def _http_attempt(
-    url: str, partial: Path, *, timeout: float, resume: bool, reporter: _Reporter
+    url: str, partial: _Partial, *, timeout: float, resume: bool, reporter: _Reporter
 ) -> None:
-    """One GET into ``partial``, resuming from its size when ``resume``; raises _Transient."""
-    have = partial.stat().st_size if resume and partial.exists() else 0
+    """One GET into ``partial``, resuming after the bytes it holds when ``resume``; raises
+    _Transient."""
+    have = partial.held() if resume else 0
     headers = {"User-Agent": "shardflow", "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
@@ -92,7 +406,7 @@ def _http_attempt(
         exc.close()
         if exc.code == 416 and have:
             # Our partial file is at or past the end the server knows: it cannot be trusted.
-            partial.unlink()
+            partial.discard()
             raise _Transient("HTTP 416 on resume; starting over") from exc
         if exc.code >= 500 or exc.code in _TRANSIENT_STATUS:
             raise _Transient(f"HTTP {exc.code} {exc.reason}") from exc
@@ -101,48 +415,53 @@ def _http_attempt(
         raise _Transient(_describe(exc)) from exc
     with response:
         status = response.status
-        mode = "wb"
         if have and status == 206:
             match = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
             if match is None or int(match.group(1)) != have:
-                partial.unlink()
+                partial.discard()
                 raise _Transient(
                     f"server answered the resume with Content-Range "
                     f"{response.headers.get('Content-Range')!r}; starting over"
                 )
-            mode = "ab"
+            append = True
             total = None if match.group(3) == "*" else int(match.group(3))
         elif status == 200:
-            have = 0  # no Range support (or ignored): the whole body comes again
+            append = False  # no Range support (or ignored): the whole body comes again
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
         else:
             raise DownloadError(f"{url}: unexpected HTTP {status} {response.reason}")
+        partial.open(append=append)
         try:
-            with open(partial, mode) as out:
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-                    have += len(chunk)
-                    reporter.update(have, total)
-        except (OSError, http.client.HTTPException) as exc:
-            if isinstance(exc, OSError) and exc.filename is not None:
-                raise DownloadError(f"{url}: cannot write {exc.filename}: {exc}") from exc
-            raise _Transient(f"{_describe(exc)} after {have:,} bytes") from exc
-    if total is not None and have != total:
+            while True:
+                try:
+                    chunk = response.read(_CHUNK)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise _Transient(f"{_describe(exc)} after {partial.size:,} bytes") from exc
+                if not chunk:
+                    break
+                partial.write(chunk)
+                reporter.update(partial.size, total)
+        finally:
+            partial.close()
+    if total is not None and partial.size != total:
         # http.client returns EOF quietly when the peer closes early: check the length here.
-        raise _Transient(f"connection closed after {have:,} of {total:,} bytes")
+        raise _Transient(f"connection closed after {partial.size:,} of {total:,} bytes")
 
 
-def _fsspec_attempt(url: str, partial: Path, *, reporter: _Reporter) -> None:
+def _fsspec_attempt(url: str, partial: _Partial, *, reporter: _Reporter) -> None:
+    """One streamed copy of ``url`` into ``partial``, from the beginning; raises _Transient."""
     import fsspec
 
     try:
-        with fsspec.open(url, "rb") as src, open(partial, "wb") as out:
-            have = 0
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-                have += len(chunk)
-                reporter.update(have, None)
+        with fsspec.open(url, "rb") as src:
+            partial.open(append=False)
+            try:
+                while chunk := src.read(1 << 20):
+                    partial.write(chunk)
+                    reporter.update(partial.size, None)
+            finally:
+                partial.close()
     except FileNotFoundError as exc:
         raise DownloadError(f"{url}: no such file") from exc
     except (ImportError, ValueError) as exc:
@@ -158,60 +477,3 @@ def _describe(exc: BaseException) -> str:
         return "timed out"
     text = str(exc) or type(exc).__name__
     return " ".join(text.split())
-
-
-def download(
-    url: str,
-    dest: Path,
-    *,
-    timeout: float = 60.0,
-    attempts: int = 4,
-    backoff: float = 1.0,
-    progress: Progress = lambda _msg: None,
-) -> tuple[str, int]:
-    """Fetch ``url`` into ``dest``; returns (sha256 hex, bytes).
-
-    http(s) transfers cut short resume with a Range request where the server allows it;
-    ``attempts`` counts GETs in all, waiting ``backoff`` seconds before the second and twice as
-    long before each next one. ``timeout`` bounds each connect and each read, not the whole
-    transfer. Other URLs go through fsspec and restart from the beginning on failure.
-    """
-    if attempts < 1:
-        raise ValueError(f"attempts must be at least 1, got {attempts}")
-    dest = Path(dest)
-    partial = dest.with_name(dest.name + ".part")
-    partial.unlink(missing_ok=True)
-    reporter = _Reporter(url, progress)
-    is_http = url.lower().startswith(("http://", "https://"))
-    failures: list[str] = []
-    try:
-        for attempt in range(1, attempts + 1):
-            try:
-                if is_http:
-                    _http_attempt(
-                        url, partial, timeout=timeout, resume=attempt > 1, reporter=reporter
-                    )
-                else:
-                    _fsspec_attempt(url, partial, reporter=reporter)
-            except _Transient as exc:
-                failures.append(str(exc))
-                if attempt == attempts:
-                    break
-                wait = min(backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
-                have = partial.stat().st_size if partial.exists() else 0
-                progress(
-                    f"{url}: {exc} (attempt {attempt}/{attempts}); retrying in {wait:.1f} s"
-                    + (f", resuming at byte {have:,}" if is_http and have else "")
-                )
-                time.sleep(wait)
-                continue
-            os.replace(partial, dest)
-            digest, size = sha256_file(dest)
-            progress(f"{url}: fetched {size:,} bytes")
-            return digest, size
-        raise DownloadError(
-            f"{url}: failed {attempts} times, last: {failures[-1]}; check the URL and the "
-            "network, then retry"
-        )
-    finally:
-        partial.unlink(missing_ok=True)

@@ -10,14 +10,17 @@ Files may be raw or gzip-compressed; compression is recognised by content, not b
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import math
 import os
+import secrets
 import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -135,6 +138,15 @@ def inspect(path: str | os.PathLike[str], *, num_dims: int) -> IdxHeader:
     """Read and check the header of ``path`` against its size; returns the header."""
     with _open(path) as f:
         header = read_header(f, path)
+    _check_header(path, header, num_dims, _data_size(path, header))
+    return header
+
+
+def _check_header(
+    path: str | os.PathLike[str], header: IdxHeader, num_dims: int, found: int
+) -> None:
+    """Refuse a header of another type or rank, or one whose records ``found`` bytes of data
+    do not hold exactly."""
     if header.type_code != UBYTE:
         raise IdxError(f"{path}: IDX type {_TYPE_NAMES[header.type_code]}, expected ubyte (0x08)")
     if len(header.shape) != num_dims:
@@ -142,14 +154,51 @@ def inspect(path: str | os.PathLike[str], *, num_dims: int) -> IdxHeader:
             f"{path}: {len(header.shape)}-dimensional IDX, expected {num_dims} dimensions"
         )
     expected = header.count * header.item_bytes
-    found = _data_size(path, header)
     if found != expected:
         raise IdxError(
             f"{path}: header declares {header.count} records of shape {header.shape[1:]} "
             f"({expected} bytes) but the file holds {found} bytes of data"
             + (" (truncated?)" if found < expected else "")
         )
-    return header
+
+
+def decompressed_copy(path: str | os.PathLike[str], dest: Path, *, num_dims: int) -> dict[str, Any]:
+    """Check a gzipped IDX file as :func:`inspect` does and write its decompressed bytes to
+    ``dest`` (whole or absent), in one read; returns {"header", "sha256", "bytes"} of the copy.
+
+    Shard writers then seek in the copy instead of inflating one serial gzip stream again."""
+    digest = hashlib.sha256()
+    partial = dest.with_name(f"{dest.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    try:
+        with gzip.open(path, "rb") as f, open(partial, "wb") as out:
+            header = read_header(f, path)
+            head = encode_header(header)
+            out.write(head)
+            digest.update(head)
+            size = 0
+            while chunk := _read_chunk(f, path):
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        _check_header(path, header, num_dims, size)
+        os.replace(partial, dest)
+    finally:
+        partial.unlink(missing_ok=True)
+    return {"header": header, "sha256": digest.hexdigest(), "bytes": len(head) + size}
+
+
+def check_labels(path: str | os.PathLike[str], *, num_classes: int) -> None:
+    """Refuse a labels file holding a label outside ``0 .. num_classes - 1``."""
+    for start, block in iter_records(path, batch=1 << 20):
+        bad = np.flatnonzero(block >= num_classes)
+        if bad.size:
+            index = start + int(bad[0])
+            raise IdxError(
+                f"{path}: label {int(block[bad[0]])} at record {index} is outside "
+                f"0..{num_classes - 1}"
+            )
 
 
 def check_pair(
@@ -163,14 +212,7 @@ def check_pair(
             f"{images} holds {image_header.count} images but {labels} holds "
             f"{label_header.count} labels"
         )
-    for start, block in iter_records(labels, batch=1 << 20):
-        bad = np.flatnonzero(block >= num_classes)
-        if bad.size:
-            index = start + int(bad[0])
-            raise IdxError(
-                f"{labels}: label {int(block[bad[0]])} at record {index} is outside "
-                f"0..{num_classes - 1}"
-            )
+    check_labels(labels, num_classes=num_classes)
     rows, cols = image_header.shape[1], image_header.shape[2]
     return IdxPair(
         images=Path(images), labels=Path(labels), count=image_header.count, image_shape=(rows, cols)
@@ -212,12 +254,18 @@ def iter_records(
             start += n
 
 
+def encode_header(header: IdxHeader) -> bytes:
+    """The bytes of an IDX header."""
+    dims = len(header.shape)
+    return bytes([0, 0, header.type_code, dims]) + struct.pack(f">{dims}I", *header.shape)
+
+
 def encode(array: npt.NDArray[np.uint8]) -> bytes:
     """The IDX bytes of a uint8 array (any number of dimensions)."""
     if array.dtype != np.uint8:
         raise ValueError(f"IDX writer takes uint8 arrays, got {array.dtype}")
-    header = bytes([0, 0, UBYTE, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    return header + np.ascontiguousarray(array).tobytes()
+    header = IdxHeader(type_code=UBYTE, shape=tuple(int(d) for d in array.shape))
+    return encode_header(header) + np.ascontiguousarray(array).tobytes()
 
 
 def write(path: str | os.PathLike[str], array: npt.NDArray[np.uint8], *, compress: bool) -> None:

@@ -1,12 +1,12 @@
 """MNIST and Fashion-MNIST: the four IDX files, fetched from a directory or any fsspec URL.
 
-source (dir, file://, http(s)://, s3://, ...)
-    │  locate each of the four files, raw or .gz
+source (dir, file://, http(s)://, s3://, ...; default: Debian's folder, then upstream)
+    │  plan: locate each of the four files, raw or .gz
     ▼
-staging dir of a new raw version ── exact fetched bytes, sha256 while streaming
-    │  check magic, dimensions, size, counts, label range
+one fetch task per file (on Dask): exact bytes into the job's folder through the download
+    │  cache, sha256 while streaming; magic, dimensions, size, label range, published md5
     ▼
-raw catalog version (rows = train + test)
+commit: equal counts per pair, equal shapes ──▶ raw catalog version (rows = train + test)
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import gzip
 import hashlib
 import json
 import os
-import shutil
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +22,15 @@ from typing import Any
 
 import fsspec
 
-from data_catalog import Catalog, Manifest
+from data_catalog import Catalog, FileEntry, Manifest, Staging
 from data_catalog.errors import ShardflowError
+from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
+from preprocessing.shard_files import record_result, recorded_result
 from preprocessing.sources import idx
+from preprocessing.sources.errors import SourceError
+from preprocessing.sources.fetch import fetch, forget
 
 Progress = Callable[[str], None]
-FileDone = Callable[[dict[str, Any]], None]
 
 FILE_STEMS = (
     "train-images-idx3-ubyte",
@@ -109,10 +110,6 @@ DATASETS: dict[str, ImageSet] = {
 }
 
 
-class SourceError(ShardflowError):
-    """A source cannot be read or does not hold what it should."""
-
-
 def image_set(name: str) -> ImageSet:
     try:
         return DATASETS[name]
@@ -141,102 +138,6 @@ def _locate(fs: fsspec.AbstractFileSystem, base: str, stem: str) -> str | None:
     return None
 
 
-def _copy(
-    fs: fsspec.AbstractFileSystem, url: str, dest: Path, *, attempts: int = 3
-) -> tuple[str, int]:
-    """Stream ``url`` to ``dest``; returns (sha256, bytes). Retries transient network errors."""
-    for attempt in range(1, attempts + 1):
-        digest = hashlib.sha256()
-        size = 0
-        try:
-            with fs.open(url, "rb") as src, open(dest, "wb") as out:
-                while chunk := src.read(1 << 20):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
-            return digest.hexdigest(), size
-        except (OSError, TimeoutError) as exc:
-            if attempt == attempts:
-                raise SourceError(f"cannot fetch {url}: {exc}") from exc
-            time.sleep(2**attempt)
-    raise AssertionError("unreachable")
-
-
-def _transfer(
-    fs: fsspec.AbstractFileSystem, url: str, dest: Path, progress: Progress
-) -> tuple[str, int]:
-    """http(s): timeouts, retries, Range resume and progress (fetch.download); else fsspec."""
-    if url.lower().startswith(("http://", "https://")):
-        # Imported here: fetch builds on this module's SourceError.
-        from preprocessing.sources.fetch import download
-
-        return download(url, dest, progress=progress)
-    return _copy(fs, url, dest)
-
-
-def _cache_key(fs: fsspec.AbstractFileSystem, url: str) -> str:
-    """Names one state of a remote file: its URL, size and modification stamp (or ETag)."""
-    try:
-        info = fs.info(url)
-    except (OSError, ValueError):
-        info = {}
-    stamp = [
-        url,
-        info.get("size"),
-        info.get("mtime"),
-        info.get("ETag"),
-        info.get("etag"),
-        info.get("LastModified"),
-        info.get("Last-Modified"),
-    ]
-    return hashlib.sha256(repr(stamp).encode()).hexdigest()[:32]
-
-
-def _fetch(
-    fs: fsspec.AbstractFileSystem, url: str, dest: Path, cache: Path | None, progress: Progress
-) -> tuple[str, int]:
-    """Fetch ``url`` to ``dest`` through the download cache: a file fetched whole before (by a
-    run that then crashed, say) is not fetched again while the source is unchanged."""
-    if cache is None:
-        return _transfer(fs, url, dest, progress)
-    cache.mkdir(parents=True, exist_ok=True)
-    key = _cache_key(fs, url)
-    cached, recorded = cache / key, cache / f"{key}.sha256"
-    if cached.exists() and recorded.exists():
-        digest = hashlib.sha256()
-        with open(cached, "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-        if digest.hexdigest() == recorded.read_text().strip():
-            _place(cached, dest)
-            progress(f"reused {url} from the download cache")
-            return digest.hexdigest(), cached.stat().st_size
-    partial = cache / f"{key}.part"
-    sha256, size = _transfer(fs, url, partial, progress)
-    os.replace(partial, cached)  # whole or absent: a crash leaves at most a .part file
-    recorded.write_text(sha256 + "\n")
-    _place(cached, dest)
-    return sha256, size
-
-
-def _place(cached: Path, dest: Path) -> None:
-    """Hard-link a cached download into staging, copying across filesystems."""
-    try:
-        os.link(cached, dest)
-    except OSError:
-        shutil.copyfile(cached, dest)
-
-
-def _forget(fs: fsspec.AbstractFileSystem, urls: list[str], cache: Path | None) -> None:
-    """Drop cache entries once their version is committed: the catalog holds the bytes."""
-    if cache is None:
-        return
-    for url in urls:
-        key = _cache_key(fs, url)
-        for path in (cache / key, cache / f"{key}.sha256"):
-            path.unlink(missing_ok=True)
-
-
 def _md5(path: Path, *, decompressed: bool) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     opener: Any = gzip.open if decompressed and idx.is_gzip(path) else open
@@ -259,63 +160,212 @@ def _resolve(source: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return fs, base
 
 
-def _fetch_all(
-    dataset: ImageSet,
-    source: str,
-    dest: Path,
-    progress: Progress,
-    on_file: FileDone,
-    cache: Path | None,
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True)
+class IdxFile:
+    """One of the four files, located at its source."""
+
+    stem: str
+    url: str
+    """The whole URL to fetch (fsspec's paths drop the protocol)."""
+    uri: str
+    """What the manifest records."""
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+
+def _locate_all(source: str) -> list[IdxFile]:
     fs, base = _resolve(source)
-    located: list[tuple[str, str]] = []
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    located: list[IdxFile] = []
     missing: list[str] = []
     for stem in FILE_STEMS:
         url = _locate(fs, base, stem)
         if url is None:
             missing.append(stem)
         else:
-            located.append((stem, url))
+            uri = url if protocol != "file" else "file://" + url
+            located.append(IdxFile(stem=stem, url=fs.unstrip_protocol(url), uri=uri))
     if missing:
         raise SourceError(
             f"{source} lacks {', '.join(missing)} (looked for each name raw and with .gz)"
         )
-    sources = []
-    for stem, url in located:
-        name = url.rsplit("/", 1)[-1]
-        digest, size = _fetch(fs, url, dest / name, cache, progress)
-        progress(f"fetched {url} ({size:,} bytes)")
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        uri = url if protocol != "file" else "file://" + url
-        fetched = {
-            "uri": uri,
-            "file": name,
-            "sha256": digest,
-            "bytes": size,
-            "stem": stem,
-            "url": url,
-        }
-        sources.append(fetched)
-        on_file(fetched)
-    return sources
+    return located
 
 
-def ingest(
-    catalog: Catalog,
-    dataset_name: str,
-    *,
-    source: str | None = None,
-    progress: Progress = lambda _msg: None,
-    on_file: FileDone = lambda _file: None,
-    download_cache: Path | None = None,
-) -> Manifest:
-    """Fetch the four IDX files of ``dataset_name`` into a new raw catalog version.
+def fetch_task(
+    file: IdxFile,
+    work: str,
+    cache: str | None,
+    num_classes: int,
+    expected_md5: str | None,
+    md5_decompressed: bool,
+) -> dict[str, Any]:
+    """Fetch one IDX file into the job's folder (through the download cache) and check it
+    whole: magic, dimensions, size against the header, label range, and the published md5
+    when the source is a default one."""
+    dest = Path(work) / file.name
+    recorded = recorded_result(dest)
+    if recorded is not None:
+        return {**recorded, "reused": True}
+    digest, size = fetch(file.url, dest, cache=Path(cache) if cache else None)
+    num_dims = 3 if "images" in file.stem else 1
+    copy: dict[str, Any] | None = None
+    if idx.is_gzip(dest):
+        # Checked while decompressed once, here: the preprocessing's shard writers seek in the
+        # copy instead of each inflating the serial gzip stream (or a decode pass doing it).
+        copy = idx.decompressed_copy(dest, Path(work) / file.stem, num_dims=num_dims)
+        header = copy.pop("header")
+        copy["file"] = file.stem
+    else:
+        header = idx.inspect(dest, num_dims=num_dims)
+    if "labels" in file.stem:
+        idx.check_labels(Path(work) / file.stem if copy else dest, num_classes=num_classes)
+    if expected_md5 is not None:
+        md5 = _md5(dest, decompressed=md5_decompressed)
+        if md5 != expected_md5:
+            of = "decompressed" if md5_decompressed else "gz"
+            raise SourceError(
+                f"{file.name} from the default source has md5 {md5}, expected {expected_md5} "
+                f"({of}); the mirror is corrupt"
+            )
+    result = {
+        "stem": file.stem,
+        "file": file.name,
+        "sha256": digest,
+        "bytes": size,
+        "records": header.count,
+        "shape": list(header.shape[1:]),
+    }
+    if copy is not None:
+        result["decompressed"] = copy
+    record_result(dest, result)
+    return result
 
-    A source that yields exactly the bytes of an existing version gives that version back and
-    writes nothing. With ``download_cache``, files fetched whole by an earlier, interrupted
-    run are taken from there instead of the source (hard-linked into staging where the
-    filesystem allows, else copied).
-    """
+
+@dataclass(frozen=True, kw_only=True)
+class IdxJob:
+    """The four IDX files of an image set into a new raw version (a driver Job)."""
+
+    dataset: ImageSet
+    source: str
+    files: tuple[IdxFile, ...]
+    canonical: bool
+    """A default source: the published digests are checked."""
+    provenance: dict[str, Any]
+    cache: str | None
+    kind: str = "raw"
+    passes: tuple[str, ...] = ("fetch",)
+    version: None = None
+
+    @property
+    def name(self) -> str:
+        return self.dataset.name
+
+    @property
+    def work_key(self) -> str:
+        from data_catalog import code_version
+
+        identity = [code_version(), self.source, [f.url for f in self.files]]
+        return f"{self.name}-idx-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
+        return [
+            TaskSpec(
+                key=f"fetch-{file.stem}",
+                fn=fetch_task,
+                args=(
+                    file,
+                    str(work),
+                    self.cache,
+                    self.dataset.num_classes,
+                    self.dataset.known_md5[file.stem] if self.canonical else None,
+                    self.dataset.known_md5_of == "decompressed",
+                ),
+            )
+            for file in self.files
+        ]
+
+    def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
+        fetched = {r["stem"]: r for r in done["fetch"]}
+        counts: dict[str, int] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for split, prefix in (("train", "train"), ("test", "t10k")):
+            images, labels = (
+                fetched[f"{prefix}-images-idx3-ubyte"],
+                fetched[f"{prefix}-labels-idx1-ubyte"],
+            )
+            if images["records"] != labels["records"]:
+                raise SourceError(
+                    f"{images['file']} holds {images['records']} images but {labels['file']} "
+                    f"holds {labels['records']} labels"
+                )
+            counts[split] = int(images["records"])
+            shapes[split] = tuple(images["shape"])
+        if shapes["train"] != shapes["test"]:
+            raise SourceError(
+                f"train images are {shapes['train']}, test images {shapes['test']}: "
+                "the files are from different datasets"
+            )
+        described = {}
+        decompressed = {}
+        for file in self.files:
+            result = fetched[file.stem]
+            rows = counts["train" if file.stem.startswith("train") else "test"]
+            copies = [(file.name, result)]
+            if "decompressed" in result:
+                copies.append((result["decompressed"]["file"], result["decompressed"]))
+                decompressed[file.stem] = result["decompressed"]["file"]
+            for name, made in copies:
+                stage.adopt(work / name, name)
+                described[name] = FileEntry(
+                    path=name,
+                    bytes=int(made["bytes"]),
+                    sha256=str(made["sha256"]),
+                    rows=rows,
+                    row_groups=None,
+                )
+        manifest: Manifest = stage.commit(
+            sources=[
+                {
+                    "uri": file.uri,
+                    "file": file.name,
+                    "sha256": fetched[file.stem]["sha256"],
+                    "bytes": fetched[file.stem]["bytes"],
+                }
+                for file in self.files
+            ],
+            parameters={},
+            schema={
+                "format": "idx",
+                "image_shape": list(shapes["train"]),
+                "num_classes": self.dataset.num_classes,
+                "class_names": list(self.dataset.class_names),
+                "files": {file.stem: file.name for file in self.files},
+                # The same data without gzip, beside the fetched bytes (which stay exact).
+                "decompressed": decompressed,
+            },
+            statistics={
+                "train_rows": counts["train"],
+                "test_rows": counts["test"],
+                "canonical_digests_checked": self.canonical,
+                **self.provenance,
+            },
+            rows=counts["train"] + counts["test"],
+            described=described,
+        )
+        # The catalog holds the bytes now.
+        forget([file.url for file in self.files], cache=Path(self.cache) if self.cache else None)
+        return manifest
+
+
+def plan_ingest(
+    dataset_name: str, *, source: str | None = None, cache: Path | None = None
+) -> IdxJob:
+    """The ingest of the four IDX files of ``dataset_name`` from ``source`` (a directory or an
+    fsspec URL), or from the first default source that holds them all (reads listings only).
+    With ``cache``, files fetched whole by an interrupted run are not fetched again."""
     dataset = image_set(dataset_name)
     candidates: Sequence[str]
     if source is not None:
@@ -324,33 +374,43 @@ def ingest(
         candidates = [s for s in dataset.default_sources if "://" in s or os.path.isdir(s)]
     errors: list[str] = []
     for candidate in candidates:
-        with catalog.stage(dataset.name, kind="raw") as stage:
-            try:
-                sources = _fetch_all(
-                    dataset, candidate, stage.path, progress, on_file, download_cache
-                )
-            except SourceError as exc:
-                if source is not None:
-                    raise
-                errors.append(str(exc))
-                continue
-            canonical = source is None
-            provenance = _provenance(candidate)
-            manifest = _commit(
-                stage,
-                dataset,
-                sources,
-                canonical=canonical,
-                progress=progress,
-                provenance=provenance,
-            )
-            fs, _ = _resolve(candidate)
-            _forget(fs, [s["url"] for s in sources], download_cache)
-            return manifest
+        try:
+            files = _locate_all(candidate)
+        except SourceError as exc:
+            if source is not None:
+                raise
+            errors.append(str(exc))
+            continue
+        return IdxJob(
+            dataset=dataset,
+            source=candidate,
+            files=tuple(files),
+            canonical=source is None,
+            provenance=_provenance(candidate),
+            cache=str(cache) if cache else None,
+        )
     raise SourceError(
         f"no default source of {dataset.name} could be read ({'; '.join(errors)}); "
         "pass --source DIR_OR_URL"
     )
+
+
+def ingest(
+    catalog: Catalog,
+    dataset_name: str,
+    *,
+    source: str | None = None,
+    progress: Progress = lambda _msg: None,
+    download_cache: Path | None = None,
+) -> Manifest:
+    """Fetch the four IDX files of ``dataset_name`` into a new raw catalog version, in this
+    process (the CLI and the flows run :func:`plan_ingest`'s job on Dask).
+
+    A source that yields exactly the bytes of an existing version gives that version back and
+    writes nothing.
+    """
+    job = plan_ingest(dataset_name, source=source, cache=download_cache)
+    return run_job(catalog, job, runner=serial_runner, progress=progress)
 
 
 def _provenance(source: str) -> dict[str, Any]:
@@ -361,63 +421,3 @@ def _provenance(source: str) -> dict[str, Any]:
     except (FileNotFoundError, OSError, ValueError):
         return {"provenance": "real"}
     return {"provenance": "synthetic", "synthetic": marker}
-
-
-def _commit(
-    stage: Any,
-    dataset: ImageSet,
-    sources: list[dict[str, Any]],
-    *,
-    canonical: bool,
-    progress: Progress,
-    provenance: dict[str, Any],
-) -> Manifest:
-    by_stem = {s["stem"]: stage.path / s["file"] for s in sources}
-    if canonical:
-        for stem, path in by_stem.items():
-            decompressed = dataset.known_md5_of == "decompressed"
-            md5 = _md5(path, decompressed=decompressed)
-            if md5 != dataset.known_md5[stem]:
-                raise SourceError(
-                    f"{path.name} from the default source has md5 {md5}, expected "
-                    f"{dataset.known_md5[stem]} ({dataset.known_md5_of}); the mirror is corrupt"
-                )
-    train = idx.check_pair(
-        by_stem["train-images-idx3-ubyte"],
-        by_stem["train-labels-idx1-ubyte"],
-        num_classes=dataset.num_classes,
-    )
-    test = idx.check_pair(
-        by_stem["t10k-images-idx3-ubyte"],
-        by_stem["t10k-labels-idx1-ubyte"],
-        num_classes=dataset.num_classes,
-    )
-    if train.image_shape != test.image_shape:
-        raise SourceError(
-            f"train images are {train.image_shape}, test images {test.image_shape}: "
-            "the files are from different datasets"
-        )
-    progress(f"checked {train.count:,} train + {test.count:,} test images")
-    file_rows = {
-        s["file"]: (train.count if s["stem"].startswith("train") else test.count) for s in sources
-    }
-    manifest: Manifest = stage.commit(
-        sources=[{k: v for k, v in s.items() if k not in ("stem", "url")} for s in sources],
-        parameters={},
-        schema={
-            "format": "idx",
-            "image_shape": list(train.image_shape),
-            "num_classes": dataset.num_classes,
-            "class_names": list(dataset.class_names),
-            "files": {s["stem"]: s["file"] for s in sources},
-        },
-        statistics={
-            "train_rows": train.count,
-            "test_rows": test.count,
-            "canonical_digests_checked": canonical,
-            **provenance,
-        },
-        rows=train.count + test.count,
-        file_rows=file_rows,
-    )
-    return manifest

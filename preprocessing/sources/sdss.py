@@ -1,30 +1,39 @@
-"""SDSS photometry + spectroscopic class: SkyServer SQL (via astroquery) or CasJobs exports.
+"""SDSS photometry + spectroscopic class from SkyServer SQL, and the table's schema.
 
-SkyServer (``ingest_skyserver``)
-    │  select count(*) with the query's WHERE
-    │  keyset pages: select top N ... and (objid, specobjid) > last order by objid, specobjid
-    │  (SkyServer caps rows per reply silently: a short page just means "ask again")
+plan_skyserver_ingest (pure: checks URL, bounds, page size) ─▶ SkyServerJob
+    │  pass "count": one query, select count(*) with the query's WHERE (with concurrency > 1
+    │      also min/max objid); its answer kept in the job's folder (count.json)
+    │  pass "pages": one task per objid range (one range, or `concurrency` cut from min..max),
+    │      each paging its range in order, one query at a time:
+    │      select top N ... and (objid, specobjid) > last order by objid, specobjid
+    │      (SkyServer caps rows per reply silently: a short page just means "ask again");
+    │      every reply streamed under a byte cap set by the rows asked for; every page
+    │      written whole, with its source record beside it: a rerun continues after the last
+    │  commit: total fetched == count reported (no row past the last, for an unlimited run),
+    │      or refuse
     ▼
-staging dir of a new raw version ── one Parquet file per page; objid/specobjid exact uint64
-    │  total fetched == count reported, or refuse
-    ▼
-raw catalog version "sdss" (sources: each query, its reply's sha256, fetch time)
+raw catalog version "sdss" ── one Parquet file per page; objid/specobjid exact uint64
+    (sources: each query, its reply's sha256, fetch time)
 
 The SQL is assembled from an allowlist of tables, columns and numeric bounds; no user string is
 ever pasted into it. Replies are parsed here, not by astropy: 64-bit ids (specObjID passes 2^63)
-must never go through float.
+must never go through float. CasJobs exports are read by ``exports.py``.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
-import glob
 import hashlib
+import json
+import logging
 import math
+import os
 import re
+import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,20 +43,26 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, Manifest
+from data_catalog import Catalog, FileEntry, Manifest, Staging
+from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
+from preprocessing.shard_files import crash_point, partial_path, record_result, recorded_result
+from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import sha256_file
-from preprocessing.sources.mnist import SourceError
 
 __all__ = [
     "COLUMNS",
     "DEFAULT_BOUNDS",
+    "PageRange",
     "Reply",
-    "SourceError",
+    "SkyServerJob",
+    "SkyServerQuery",
     "build_count_sql",
     "build_page_sql",
-    "ingest_exports",
     "ingest_skyserver",
+    "objid_ranges",
     "parse_reply",
+    "plan_skyserver_ingest",
+    "reply_cap",
     "typed_columns",
 ]
 
@@ -57,17 +72,6 @@ DEFAULT_SKYSERVER_URL = "https://skyserver.sdss.org"
 DEFAULT_DATA_RELEASE = 17
 DEFAULT_PAGE_SIZE = 10_000
 UINT64_MAX = 2**64 - 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class SkyServerOptions:
-    """Where and what to query when SDSS is fetched from SkyServer rather than exports."""
-
-    url: str = DEFAULT_SKYSERVER_URL
-    """SkyServer base URL (a mirror, or a local server in tests)."""
-    data_release: int = DEFAULT_DATA_RELEASE
-    limit: int | None = None
-    """At most this many rows; None: all that match."""
 
 
 # Column types of the raw tables we write.
@@ -136,17 +140,34 @@ def _from() -> str:
     return f"from {_TABLES['p']} as p join {_TABLES['s']} as s on s.bestobjid = p.objid"
 
 
-def build_count_sql(bounds: Mapping[str, tuple[float, float]] = DEFAULT_BOUNDS) -> str:
-    """The ``select count(*)`` with the same join and WHERE as the pages."""
-    return f"select count(*) as n {_from()} where {_where(bounds)}"
+def build_count_sql(
+    bounds: Mapping[str, tuple[float, float]] = DEFAULT_BOUNDS, *, objid_range: bool = False
+) -> str:
+    """The ``select count(*)`` with the same join and WHERE as the pages; with ``objid_range``
+    also the least and greatest objid (columns n, min_objid, max_objid)."""
+    extent = ", min(p.objid) as min_objid, max(p.objid) as max_objid" if objid_range else ""
+    return f"select count(*) as n{extent} {_from()} where {_where(bounds)}"
+
+
+ObjidRange = tuple[int | None, int | None]
+"""objids low..high, both included; None: open on that side."""
+
+
+def _uint64(value: int, what: str) -> int:
+    number = int(value)
+    if not 0 <= number <= UINT64_MAX:
+        raise SourceError(f"{what} {value!r} is not a uint64")
+    return number
 
 
 def build_page_sql(
     top: int,
     after: tuple[int, int] | None,
     bounds: Mapping[str, tuple[float, float]] = DEFAULT_BOUNDS,
+    objids: ObjidRange = (None, None),
 ) -> str:
-    """One keyset page: the next ``top`` rows after (objid, specobjid) ``after``.
+    """One keyset page: the next ``top`` rows after (objid, specobjid) ``after``, among the
+    objids of ``objids``.
 
     The key is (objid, specobjid), not objid alone: one photometric object can be the best match
     of several spectra, and a page boundary inside such a group must not lose rows.
@@ -157,12 +178,31 @@ def build_page_sql(
         f"{t}.{c}" if c == name else f"{t}.{c} as {name}" for name, t, c, _k in COLUMNS
     )
     where = _where(bounds)
+    low, high = objids
+    if low is not None:
+        where += f" and p.objid >= {_uint64(low, 'objid range start')}"
+    if high is not None:
+        where += f" and p.objid <= {_uint64(high, 'objid range end')}"
     if after is not None:
-        objid, specobjid = (int(after[0]), int(after[1]))
-        if not (0 <= objid <= UINT64_MAX and 0 <= specobjid <= UINT64_MAX):
-            raise SourceError(f"keyset position {after!r} is not a pair of uint64")
+        try:
+            objid, specobjid = (_uint64(after[0], "objid"), _uint64(after[1], "specobjid"))
+        except SourceError:
+            raise SourceError(f"keyset position {after!r} is not a pair of uint64") from None
         where += f" and (p.objid > {objid} or (p.objid = {objid} and s.specobjid > {specobjid}))"
     return f"select top {int(top)} {select} {_from()} where {where} order by p.objid, s.specobjid"
+
+
+def objid_ranges(low: int, high: int, parts: int) -> list[ObjidRange]:
+    """At most ``parts`` contiguous objid ranges, in order, cut evenly from ``low..high``,
+    that together hold every uint64 exactly once: the first is open below and the last open
+    above, so that rows the count did not see are still paged (and the totals check refuses
+    them). Fewer ranges when ``low..high`` holds fewer than ``parts`` ids."""
+    if not 0 <= low <= high <= UINT64_MAX or parts < 1:
+        raise ValueError(f"cannot cut {low}..{high} into {parts} ranges")
+    span = high - low + 1
+    # The first objid of every range but the first; each in low+1..high, so none is empty.
+    starts = sorted({low + span * k // parts for k in range(1, parts)} - {low})
+    return list(zip([None, *starts], [start - 1 for start in starts] + [None], strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,6 +341,24 @@ def _arrow_table(
 # ---------------------------------------------------------------------------------------------
 # Fetching
 
+# A page row is about 600 bytes of CSV: a reply far longer than the rows asked for can fill is
+# no answer to the query (an endless or runaway reply) and is refused before it fills memory.
+_BYTES_PER_ROW = 4096
+_REPLY_MARGIN = 1 << 20
+"""Room for the header line, or for SkyServer's HTML error page."""
+_READ_CHUNK = 1 << 16
+_ATTEMPTS = 3
+# Statuses worth asking again: the server is busy, restarting or timed out on its side.
+_TRANSIENT_STATUS = frozenset({408, 425, 429})
+_CHARSET = re.compile(r"charset=\"?([A-Za-z0-9_.:-]+)", re.IGNORECASE)
+
+_log = logging.getLogger(__name__)
+
+
+def reply_cap(rows: int) -> int:
+    """The most bytes a reply to a query for ``rows`` rows may take."""
+    return _BYTES_PER_ROW * rows + _REPLY_MARGIN
+
 
 def query_url(skyserver_url: str, data_release: int) -> str:
     """The SQL endpoint, built the way astroquery's SDSSClass builds it, on any base URL."""
@@ -317,62 +375,618 @@ def query_url(skyserver_url: str, data_release: int) -> str:
     return str(skyserver_url.rstrip("/") + suffix.format(dr=int(data_release)))
 
 
-class _SkyServer:
-    """astroquery's SDSS client pointed at one base URL, giving back reply text."""
+@dataclass(frozen=True, kw_only=True)
+class _Answer:
+    """One whole reply: its text, the sha256 of its bytes, and when it was asked for."""
 
-    def __init__(self, skyserver_url: str, data_release: int, timeout: float) -> None:
+    text: str
+    sha256: str
+    fetched_at: str
+
+
+class _Transient(Exception):
+    """A failure that another attempt may not meet; carries its one-line description."""
+
+
+class _SkyServer:
+    """SkyServer's SQL endpoint at one base URL. The request is astroquery's; the reply is
+    streamed here, its size checked as it arrives."""
+
+    def __init__(
+        self, skyserver_url: str, data_release: int, timeout: float, progress: Progress
+    ) -> None:
+        import requests
         from astroquery.sdss import SDSSClass
 
         self.base = skyserver_url.rstrip("/")
         self.data_release = int(data_release)
         self.url = query_url(skyserver_url, data_release)
         self.timeout = timeout
+        self.progress = progress
         self.client = SDSSClass()
+        self.session = requests.Session()
+        # Compressed replies would be decoded past the size check unseen: ask for plain bytes.
+        self.session.headers.update(
+            {"User-Agent": "shardflow (astroquery payload)", "Accept-Encoding": "identity"}
+        )
 
-    def fetch(self, sql: str, *, attempts: int = 3) -> tuple[str, str]:
-        """(reply text, fetch time) of one query. Retries transport errors, not bad replies."""
-        import requests
+    def close(self) -> None:
+        self.session.close()
 
+    def source(self, sql: str, answer: _Answer, rows: int) -> dict[str, Any]:
+        """The manifest's record of one query."""
+        return {
+            "uri": self.url,
+            "skyserver_url": self.base,
+            "data_release": self.data_release,
+            "query": sql,
+            "fetched_at": answer.fetched_at,
+            "rows": rows,
+            "sha256": answer.sha256,
+        }
+
+    def fetch(self, sql: str, *, rows: int, what: str) -> _Answer:
+        """The reply to ``sql``, which asks for at most ``rows`` rows (``what`` names it in
+        errors). Retries transport errors and busy servers, reporting each wait; never a reply
+        that is bad or too long."""
         payload = self.client.query_sql_async(
             sql, data_release=self.data_release, get_query_payload=True
         )
-        for attempt in range(1, attempts + 1):
+        for attempt in range(1, _ATTEMPTS + 1):
             fetched_at = datetime.now(UTC).isoformat(timespec="seconds")
             try:
-                response = self.client._request(
-                    "GET", self.url, params=payload, timeout=self.timeout, cache=False
+                body, charset = self._get(payload, reply_cap(rows), what)
+            except _Transient as exc:
+                if attempt == _ATTEMPTS:
+                    raise SourceError(
+                        f"{self.url}: {exc} ({_ATTEMPTS} attempts); retry later"
+                    ) from exc
+                wait = 2.0**attempt
+                self.progress(
+                    f"{self.url}: {exc} (attempt {attempt}/{_ATTEMPTS}); retrying in {wait:.0f} s"
                 )
-            except (requests.RequestException, OSError) as exc:
-                if attempt == attempts:
-                    raise SourceError(f"{self.url}: cannot query SkyServer: {exc}") from exc
-                time.sleep(2**attempt)
+                time.sleep(wait)
                 continue
-            if response.status_code >= 500 and attempt < attempts:
-                time.sleep(2**attempt)
-                continue
-            if response.status_code != 200:
-                raise SourceError(
-                    f"{self.url}: HTTP {response.status_code}: {_one_line(response.text)}"
-                )
-            return str(response.text), fetched_at
+            return _Answer(
+                text=body.decode(charset, errors="replace"),
+                sha256=hashlib.sha256(body).hexdigest(),
+                fetched_at=fetched_at,
+            )
         raise AssertionError("unreachable")
 
+    def _get(self, payload: Mapping[str, Any], cap: int, what: str) -> tuple[bytes, str]:
+        """One GET: (the reply's bytes, its charset); raises _Transient."""
+        import requests
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        try:
+            with self.session.get(
+                self.url, params=payload, timeout=self.timeout, stream=True
+            ) as response:
+                status = response.status_code
+                if status != 200:
+                    gist = _one_line(
+                        _read_capped(response, _REPLY_MARGIN, "", cut=True).decode(errors="replace")
+                    )
+                    if status >= 500 or status in _TRANSIENT_STATUS:
+                        raise _Transient(f"HTTP {status}: {gist}")
+                    raise SourceError(f"{self.url}: HTTP {status}: {gist}")
+                body = _read_capped(
+                    response, cap, f"{self.url}: reply exceeds {cap:,} bytes {what}"
+                )
+                return body, _charset(response.headers.get("Content-Type", ""))
+        except (requests.RequestException, OSError) as exc:
+            raise _Transient(f"cannot query SkyServer: {_one_line(str(exc))}") from exc
 
 
-def _count(reply: Reply, where: str) -> int:
-    if len(reply.rows) != 1 or len(reply.columns) != 1:
+def _read_capped(response: Any, cap: int, refusal: str, *, cut: bool = False) -> bytes:
+    """The body of a streamed ``requests`` response, read until ``cap`` bytes: past it,
+    refused with ``refusal`` (or, with ``cut``, cut there), never held whole first."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise SourceError(f"{response.url}: reply is {encoding}-encoded though asked for plain")
+    length = response.headers.get("Content-Length", "").strip()
+    if not cut and length.isdigit() and int(length) > cap:
+        raise SourceError(refusal)
+    body = bytearray()
+    for chunk in response.iter_content(_READ_CHUNK):
+        body += chunk
+        if len(body) > cap:
+            if cut:
+                return bytes(body[:cap])
+            raise SourceError(refusal)
+    return bytes(body)
+
+
+def _charset(content_type: str) -> str:
+    """The reply's declared charset when Python knows it, else UTF-8 (SkyServer's)."""
+    match = _CHARSET.search(content_type)
+    if match is None:
+        return "utf-8"
+    try:
+        return codecs.lookup(match.group(1)).name
+    except LookupError:
+        return "utf-8"
+
+
+def _log_progress(message: str) -> None:
+    """A task's progress when the job was given no ``progress``: this module's log (on a Dask
+    worker, the worker's log: nothing carries it back to the driver's progress)."""
+    _log.info("%s", message)
+
+
+def _count(reply: Reply, where: str, *, columns: int) -> int:
+    if len(reply.rows) != 1 or len(reply.columns) != columns:
         raise SourceError(
             f"{where}: count reply has {len(reply.rows)} rows of {len(reply.columns)} columns, "
-            "expected one number"
+            f"expected one row of {columns}"
         )
     return _parse_uint64(reply.rows[0][0], where, reply.columns[0], 1)
 
 
 def _keys(columns: Mapping[str, Any]) -> list[tuple[int, int]]:
     return list(zip(columns["objid"].tolist(), columns["specobjid"].tolist(), strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# The ingest job: count, then page (one range, or `concurrency` ranges at once), then commit
+
+# Bumped when the files a task leaves in the job's folder change meaning.
+_WORK_LAYOUT = 1
+# In the job's folder: why a task refused. Refusals are results, not task failures: the driver
+# raises them in its own process, in one line, where a Dask worker would log a failed task's
+# traceback on the terminal too.
+_REFUSED = "refused.txt"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkyServerQuery:
+    """What every task of one ingest asks SkyServer (plain and picklable)."""
+
+    skyserver_url: str
+    data_release: int
+    bounds: tuple[tuple[str, tuple[float, float]], ...]
+    """Sorted by column."""
+    timeout: float
+    """Seconds to connect and between bytes of a reply (not for the whole reply)."""
+
+    def server(self, progress: Progress) -> _SkyServer:
+        return _SkyServer(self.skyserver_url, self.data_release, self.timeout, progress)
+
+    @property
+    def where(self) -> dict[str, tuple[float, float]]:
+        return dict(self.bounds)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageRange:
+    """One paging task's share of the rows."""
+
+    number: int
+    """1-based; its pages wait in ``range-<number>/`` of the job's folder."""
+    of: int
+    objids: ObjidRange
+    target: int | None
+    """Stop after this many rows (a single range); None: page until a reply holds none."""
+    probe: bool
+    """Once ``target`` rows are in, ask for one more: SkyServer must have none."""
+
+
+def _page_path(work: Path, number: int, page: int) -> Path:
+    # Two levels below the job's folder, as crash_point counts the job's files.
+    return work / f"range-{number:02d}" / f"page-{page:05d}.parquet"
+
+
+def _write_text(path: Path, text: str) -> None:
+    partial = partial_path(path)
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)  # whole or absent
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _write_page(table: Any, path: Path) -> dict[str, Any]:
+    """Write one page whole or not at all; its digest and counts, for the commit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(path)
+    try:
+        pq.write_table(table, partial)
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        sha256, size = sha256_file(partial)
+        row_groups = pq.read_metadata(partial).num_row_groups
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return {"bytes": size, "sha256": sha256, "rows": table.num_rows, "row_groups": row_groups}
+
+
+def _refused(work: Path) -> str | None:
+    try:
+        return (work / _REFUSED).read_text()
+    except OSError:
+        return None
+
+
+def count_task(
+    query: SkyServerQuery, objid_range: bool, work: str, progress: Progress
+) -> dict[str, Any]:
+    """Count the rows the pages will fetch (with ``objid_range``, their least and greatest
+    objid too), unless an interrupted run of the job already did: the ranges cut from its
+    answer must stay those its pages were fetched in.
+
+    A refusal (a SourceError) is returned as ``{"refused": message}``, for the driver to raise.
+    """
+    # The first task of every run: a refusal of an earlier run stops none of this one's pages.
+    (Path(work) / _REFUSED).unlink(missing_ok=True)
+    try:
+        return _count_rows(query, objid_range, Path(work), progress)
+    except SourceError as exc:
+        return {"refused": str(exc)}
+
+
+def _count_rows(
+    query: SkyServerQuery, objid_range: bool, work: Path, progress: Progress
+) -> dict[str, Any]:
+    record = work / "count.json"
+    try:
+        kept: dict[str, Any] = json.loads(record.read_text())
+    except (OSError, ValueError):
+        pass
+    else:
+        progress(f"SkyServer count kept from an interrupted run: {int(kept['count']):,} rows")
+        return {**kept, "reused": True}
+    server = query.server(progress)
+    try:
+        sql = build_count_sql(query.where, objid_range=objid_range)
+        answer = server.fetch(sql, rows=1, what="for a count")
+    finally:
+        server.close()
+    reply = parse_reply(answer.text, where=server.url)
+    reported = _count(reply, server.url, columns=3 if objid_range else 1)
+    if reported == 0:
+        raise SourceError(f"{server.url}: SkyServer counts no rows for {sql!r}")
+    result: dict[str, Any] = {
+        "count": reported,
+        "source": server.source(sql, answer, 1),
+        "objids": None,
+    }
+    if objid_range:
+        typed = typed_columns(
+            reply, {"min_objid": UINT64, "max_objid": UINT64}, where=f"{server.url} (count)"
+        )
+        low, high = int(typed["min_objid"][0]), int(typed["max_objid"][0])
+        if low > high:
+            raise SourceError(f"{server.url}: least objid {low} exceeds greatest {high}")
+        result["objids"] = [low, high]
+    _write_text(record, json.dumps(result, sort_keys=True))
+    progress(f"SkyServer counts {reported:,} rows")
+    return result
+
+
+def _ask(part: PageRange, page_size: int, fetched: int) -> int:
+    return page_size if part.target is None else min(page_size, part.target - fetched)
+
+
+def _check_keys(
+    keys: list[tuple[int, int]], after: tuple[int, int] | None, objids: ObjidRange, where: str
+) -> None:
+    low, high = objids
+    previous = after
+    for key in keys:
+        if previous is not None and not key > previous:
+            raise SourceError(
+                f"{where}: rows not in (objid, specobjid) order after {previous}; "
+                "the server ignored 'order by'"
+            )
+        if (low is not None and key[0] < low) or (high is not None and key[0] > high):
+            raise SourceError(
+                f"{where}: objid {key[0]} is outside the range asked for "
+                f"({low if low is not None else 0}..{high if high is not None else UINT64_MAX})"
+            )
+        previous = key
+
+
+def page_task(
+    query: SkyServerQuery, page_size: int, part: PageRange, work: str, progress: Progress
+) -> dict[str, Any]:
+    """Page through ``part`` by (objid, specobjid) keyset, one query at a time, each page
+    written whole into the job's folder with its source record beside it (after it).
+
+    Continues after the last page an interrupted run of the job finished whole (asked for as
+    this run would ask): those pages are not asked for again. Returns the rows and pages of
+    the range and the reply that ended it (an empty page, or the final probe); the commit
+    reads the pages' records.
+
+    A refusal (a SourceError) is returned as ``{"refused": message}``, for the commit to
+    raise, and left in the job's folder: the other ranges stop before their next query.
+    """
+    root = Path(work)
+    try:
+        return _page_range(query, page_size, part, root, progress)
+    except SourceError as exc:
+        _write_text(root / _REFUSED, str(exc))
+        return {"number": part.number, "refused": str(exc)}
+
+
+def _page_range(
+    query: SkyServerQuery, page_size: int, part: PageRange, root: Path, progress: Progress
+) -> dict[str, Any]:
+    label = "" if part.of == 1 else f"range {part.number}/{part.of}, "
+    fetched = pages = 0
+    after: tuple[int, int] | None = None
+    while part.target is None or fetched < part.target:
+        path = _page_path(root, part.number, pages + 1)
+        record = recorded_result(path)
+        sql = build_page_sql(_ask(part, page_size, fetched), after, query.where, part.objids)
+        if record is None or record["source"]["query"] != sql:
+            break
+        pages += 1
+        fetched += int(record["output"]["rows"])
+        objid, specobjid = record["last_key"]
+        after = (int(objid), int(specobjid))
+    kept = pages
+    if after is not None:
+        progress(
+            f"{label}kept {kept} pages ({fetched:,} rows) from an interrupted run; "
+            f"continuing after objid {after[0]}"
+        )
+    elif part.target is not None:
+        progress(f"fetching {part.target:,} rows in pages of {page_size:,}")
+    of = "" if part.target is None else f" / {part.target:,}"
+    end: dict[str, Any] | None = None
+    extra_rows = 0
+    server = query.server(progress)
+    try:
+        while part.target is None or fetched < part.target:
+            refusal = _refused(root)
+            if refusal is not None:
+                return {"number": part.number, "refused": refusal}
+            ask = _ask(part, page_size, fetched)
+            sql = build_page_sql(ask, after, query.where, part.objids)
+            answer = server.fetch(sql, rows=ask, what=f"for a page of {ask:,} rows")
+            where = f"{server.url} ({label}page {pages + 1})"
+            columns = typed_columns(parse_reply(answer.text, where=where), SCHEMA, where=where)
+            n = len(columns["objid"])
+            if n == 0:
+                end = server.source(sql, answer, 0)
+                break
+            if n > ask:
+                raise SourceError(f"{where}: asked for {ask:,} rows, got {n:,}")
+            keys = _keys(columns)
+            _check_keys(keys, after, part.objids, where)
+            pages += 1
+            path = _page_path(root, part.number, pages)
+            output = _write_page(_arrow_table(columns), path)
+            source = server.source(sql, answer, n)
+            record_result(path, {"output": output, "source": source, "last_key": list(keys[-1])})
+            crash_point("after-file", path)
+            fetched += n
+            after = keys[-1]
+            if n < ask and (part.target is None or fetched < part.target):
+                progress(f"{label}reply capped at {n:,} rows; continuing after objid {after[0]}")
+            progress(f"{label}page {pages}: {n:,} rows ({fetched:,}{of})")
+        if part.probe and fetched == part.target:
+            sql = build_page_sql(1, after, query.where, part.objids)
+            answer = server.fetch(sql, rows=1, what="for the final probe")
+            extra = parse_reply(answer.text, where=f"{server.url} (final probe)")
+            extra_rows = len(extra.rows)
+            end = server.source(sql, answer, extra_rows)
+    finally:
+        server.close()
+    return {
+        "number": part.number,
+        "rows": fetched,
+        "pages": pages,
+        "kept_pages": kept,
+        "reused": kept == pages > 0,
+        "end": end,
+        "extra_rows": extra_rows,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkyServerJob:
+    """The SkyServer query into a new raw "sdss" version (a :class:`preprocessing.driver.Job`).
+
+    Passes: "count" (one task), then "pages" (one task per objid range); the commit checks the
+    rows fetched against the rows counted. The job's folder::
+
+        count.json                          the count's answer and source record
+        range-01/page-00001.parquet         one page, written whole
+        range-01/page-00001.parquet.result.json
+                                            its digest, source record and last key (after it)
+        refused.txt                         a task's refusal: the other ranges stop
+
+    A rerun of the same job (same ``work_key``) keeps the count and, in each range, every
+    page up to the first one missing, cut short or asked for differently.
+    """
+
+    query: SkyServerQuery
+    limit: int | None
+    page_size: int
+    concurrency: int
+    progress: Progress | None = field(default=None, compare=False, repr=False)
+    """Where tasks report (pages, a rerun's kept pages, capped replies, retries with their
+    waits); None: this module's log. A function of this process, for tasks that run in it
+    (``serial_runner``); it is pickled with the tasks sent to Dask workers."""
+    name: str = "sdss"
+    kind: str = "raw"
+    passes: tuple[str, ...] = ("count", "pages")
+    version: None = None
+    """Known at the commit: the version derives from the replies' digests and fetch times."""
+
+    @property
+    def ranges(self) -> int:
+        """Ranges paged at once. With a limit, one: the first ``limit`` rows in key order are
+        known only by paging them in order."""
+        return 1 if self.limit is not None else self.concurrency
+
+    @property
+    def work_key(self) -> str:
+        from data_catalog import code_version
+
+        identity = [
+            code_version(),
+            _WORK_LAYOUT,
+            self.query.skyserver_url,
+            self.query.data_release,
+            self.query.bounds,
+            self.limit,
+            self.page_size,
+            self.ranges,
+        ]
+        return f"{self.name}-skyserver-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
+        progress = self.progress or _log_progress
+        if pass_name == "count":
+            return [
+                TaskSpec(
+                    key="count",
+                    fn=count_task,
+                    args=(self.query, self.ranges > 1, str(work), progress),
+                )
+            ]
+        counted = done["count"][0]
+        if "refused" in counted:
+            raise SourceError(counted["refused"])
+        reported = int(counted["count"])
+        if self.ranges == 1:
+            target = reported if self.limit is None else min(reported, self.limit)
+            parts = [
+                PageRange(
+                    number=1,
+                    of=1,
+                    objids=(None, None),
+                    target=target,
+                    probe=self.limit is None or self.limit > reported,
+                )
+            ]
+        else:
+            low, high = (int(x) for x in counted["objids"])
+            cuts = objid_ranges(low, high, self.ranges)
+            parts = [
+                PageRange(number=n, of=len(cuts), objids=objids, target=None, probe=False)
+                for n, objids in enumerate(cuts, start=1)
+            ]
+        return [
+            TaskSpec(
+                key=f"pages-{part.number:02d}",
+                fn=page_task,
+                args=(self.query, self.page_size, part, str(work), progress),
+                rows=part.target or 0,
+            )
+            for part in parts
+        ]
+
+    def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
+        for result in done["pages"]:
+            if "refused" in result:
+                # The pages fetched stay in the job's folder for a rerun.
+                raise SourceError(result["refused"])
+        counted = done["count"][0]
+        reported = int(counted["count"])
+        target = reported if self.limit is None else min(reported, self.limit)
+        url = str(counted["source"]["uri"])
+        fetched = sum(int(result["rows"]) for result in done["pages"])
+        holds_more = fetched > target or any(r["extra_rows"] for r in done["pages"])
+        if fetched < target or holds_more:
+            # The count and the pages no longer fit together: a rerun must ask again, not keep
+            # them, or it would refuse the same way forever.
+            shutil.rmtree(work, ignore_errors=True)
+        if fetched < target:
+            raise SourceError(
+                f"{url}: SkyServer counted {reported:,} rows"
+                + (f" (limit {self.limit:,})" if self.limit is not None else "")
+                + f" but paging returned {fetched:,}; the table changed or replies were cut "
+                "short, retry later"
+            )
+        if holds_more:
+            raise SourceError(
+                f"{url}: SkyServer counted {reported:,} rows but holds more; "
+                "the table changed while paging, retry later"
+            )
+        sources: list[dict[str, Any]] = [counted["source"]]
+        described: dict[str, FileEntry] = {}
+        for result in done["pages"]:
+            for page in range(1, int(result["pages"]) + 1):
+                path = _page_path(work, int(result["number"]), page)
+                record = recorded_result(path)
+                if record is None:
+                    raise SourceError(f"{path}: page missing or cut short; run the ingest again")
+                # Named in key order across ranges, as one range names them.
+                name = f"page-{len(described) + 1:05d}.parquet"
+                stage.adopt(path, name)
+                out = record["output"]
+                described[name] = FileEntry(
+                    path=name,
+                    bytes=int(out["bytes"]),
+                    sha256=str(out["sha256"]),
+                    rows=int(out["rows"]),
+                    row_groups=int(out["row_groups"]),
+                )
+                sources.append({**record["source"], "file": name})
+            if result["end"] is not None:
+                sources.append(result["end"])
+        manifest: Manifest = stage.commit(
+            sources=sources,
+            parameters={
+                "skyserver_url": self.query.skyserver_url,
+                "data_release": self.query.data_release,
+                "limit": self.limit,
+                "page_size": self.page_size,
+                "bounds": {k: list(v) for k, v in self.query.bounds},
+            },
+            schema={"format": "parquet", "columns": dict(SCHEMA)},
+            statistics={"rows": fetched, "pages": len(described), "count_reported": reported},
+            rows=fetched,
+            described=described,
+        )
+        return manifest
+
+
+def plan_skyserver_ingest(
+    *,
+    skyserver_url: str = DEFAULT_SKYSERVER_URL,
+    data_release: int = DEFAULT_DATA_RELEASE,
+    limit: int | None = None,
+    concurrency: int = 1,
+    bounds: Mapping[str, tuple[float, float]] = DEFAULT_BOUNDS,
+    page_size: int | None = None,
+    timeout: float = 120.0,
+) -> SkyServerJob:
+    """The ingest of the SkyServer query (asks nothing yet; refuses bad arguments).
+
+    At most ``concurrency`` queries in flight: with more than one, the objids the count finds
+    are cut into that many ranges, each paged by its own task; with a ``limit``, one range.
+    """
+    # Short replies are expected (the server's cap may be below the page size): pages are
+    # asked for by size and a reply shorter than asked just means "continue after its last key".
+    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
+    if limit is not None and limit < 1:
+        raise SourceError(f"limit {limit!r} must be a positive number of rows")
+    if not 1 <= page_size <= 10_000_000:
+        raise SourceError(f"page size {page_size!r} out of range 1..10,000,000")
+    if data_release < 1:
+        raise SourceError(f"data release {data_release!r} must be a positive number")
+    if concurrency < 1:
+        raise SourceError(f"concurrency {concurrency!r} must be at least 1 query in flight")
+    if not timeout > 0:
+        raise SourceError(f"timeout {timeout!r} must be a positive number of seconds")
+    query_url(skyserver_url, data_release)  # refuses a URL that is not http(s)
+    _where(bounds)  # refuses unknown columns and non-numbers
+    return SkyServerJob(
+        query=SkyServerQuery(
+            skyserver_url=skyserver_url.rstrip("/"),
+            data_release=int(data_release),
+            bounds=tuple(sorted((k, (float(lo), float(hi))) for k, (lo, hi) in bounds.items())),
+            timeout=float(timeout),
+        ),
+        limit=limit,
+        page_size=page_size,
+        concurrency=concurrency,
+    )
 
 
 def ingest_skyserver(
@@ -384,364 +998,34 @@ def ingest_skyserver(
     page_size: int | None = None,
     bounds: Mapping[str, tuple[float, float]] = DEFAULT_BOUNDS,
     timeout: float = 120.0,
+    concurrency: int = 1,
+    work_root: Path | None = None,
     progress: Progress = lambda _msg: None,
 ) -> Manifest:
-    """Query SkyServer for the photometry + class table into a new raw version "sdss".
+    """Query SkyServer for the photometry + class table into a new raw version "sdss", every
+    task in this process (see :func:`plan_skyserver_ingest`).
 
     Counts first, then pages by (objid, specobjid); refuses (and commits nothing) when the rows
-    fetched differ from the rows counted, or when any reply is empty or an error page.
+    fetched differ from the rows counted, or when any reply is empty, an error page or longer
+    than its rows can fill. With ``work_root``, a rerun after a crash keeps the pages fetched.
     """
-    # Short replies are expected (the server's cap may be below the page size): pages are
-    # asked for by size and a reply shorter than asked just means "continue after its last key".
-    page_size = DEFAULT_PAGE_SIZE if page_size is None else page_size
-    if limit is not None and limit < 1:
-        raise SourceError(f"limit {limit!r} must be a positive number of rows")
-    if not 1 <= page_size <= 10_000_000:
-        raise SourceError(f"page size {page_size!r} out of range 1..10,000,000")
-    server = _SkyServer(skyserver_url, data_release, timeout)
-    _where(bounds)  # refuses unknown columns and non-numbers before any request
-    bounds = {k: (float(lo), float(hi)) for k, (lo, hi) in bounds.items()}
-    sources: list[dict[str, Any]] = []
-
-    def record(sql: str, text: str, fetched_at: str, rows: int, file: str | None) -> None:
-        entry: dict[str, Any] = {
-            "uri": server.url,
-            "skyserver_url": server.base,
-            "data_release": server.data_release,
-            "query": sql,
-            "fetched_at": fetched_at,
-            "rows": rows,
-            "sha256": _sha256(text),
-        }
-        if file is not None:
-            entry["file"] = file
-        sources.append(entry)
-
-    count_sql = build_count_sql(bounds)
-    text, fetched_at = server.fetch(count_sql)
-    reported = _count(parse_reply(text, where=server.url), server.url)
-    record(count_sql, text, fetched_at, 1, None)
-    if reported == 0:
-        raise SourceError(f"{server.url}: SkyServer counts no rows for {count_sql!r}")
-    target = reported if limit is None else min(reported, limit)
-    progress(f"SkyServer counts {reported:,} rows; fetching {target:,} in pages of {page_size:,}")
-
-    with catalog.stage("sdss", kind="raw") as stage:
-        fetched = 0
-        pages = 0
-        after: tuple[int, int] | None = None
-        file_rows: dict[str, int] = {}
-        while fetched < target:
-            ask = min(page_size, target - fetched)
-            sql = build_page_sql(ask, after, bounds)
-            text, fetched_at = server.fetch(sql)
-            where = f"{server.url} (page {pages + 1})"
-            columns = typed_columns(parse_reply(text, where=where), SCHEMA, where=where)
-            n = len(columns["objid"])
-            if n == 0:
-                break
-            if n > ask:
-                raise SourceError(f"{where}: asked for {ask:,} rows, got {n:,}")
-            keys = _keys(columns)
-            previous = after
-            for key in keys:
-                if previous is not None and not key > previous:
-                    raise SourceError(
-                        f"{where}: rows not in (objid, specobjid) order after {previous}; "
-                        "the server ignored 'order by'"
-                    )
-                previous = key
-            pages += 1
-            name = f"page-{pages:05d}.parquet"
-            pq.write_table(_arrow_table(columns), stage.path / name)
-            record(sql, text, fetched_at, n, name)
-            file_rows[name] = n
-            fetched += n
-            after = keys[-1]
-            if n < ask and fetched < target:
-                progress(f"reply capped at {n:,} rows; continuing after objid {after[0]}")
-            progress(f"page {pages}: {n:,} rows ({fetched:,} / {target:,})")
-        if fetched != target:
-            raise SourceError(
-                f"{server.url}: SkyServer counted {reported:,} rows"
-                + (f" (limit {limit:,})" if limit is not None else "")
-                + f" but paging returned {fetched:,}; the table changed or replies were cut "
-                "short, retry later"
-            )
-        if limit is None or limit > reported:
-            probe = build_page_sql(1, after, bounds)
-            text, fetched_at = server.fetch(probe)
-            extra = parse_reply(text, where=f"{server.url} (final probe)")
-            record(probe, text, fetched_at, len(extra.rows), None)
-            if extra.rows:
-                raise SourceError(
-                    f"{server.url}: SkyServer counted {reported:,} rows but holds more; "
-                    "the table changed while paging, retry later"
-                )
-        manifest: Manifest = stage.commit(
-            sources=sources,
-            parameters={
-                "skyserver_url": server.base,
-                "data_release": server.data_release,
-                "limit": limit,
-                "page_size": page_size,
-                "bounds": {k: list(v) for k, v in sorted(bounds.items())},
-            },
-            schema={"format": "parquet", "columns": dict(SCHEMA)},
-            statistics={"rows": fetched, "pages": pages, "count_reported": reported},
-            rows=fetched,
-            file_rows=file_rows,
-        )
-    return manifest
-
-
-# ---------------------------------------------------------------------------------------------
-# CasJobs exports: CSV, FITS, VOTable files of the same table, one Parquet file out per input
+    job = plan_skyserver_ingest(
+        skyserver_url=skyserver_url,
+        data_release=data_release,
+        limit=limit,
+        concurrency=concurrency,
+        bounds=bounds,
+        page_size=page_size,
+        timeout=timeout,
+    )
+    return run_job(
+        catalog,
+        replace(job, progress=progress),
+        runner=serial_runner,
+        work_root=work_root,
+        progress=progress,
+    )
 
 
 # Columns an export may carry besides SCHEMA: synth.py marks its rows synthetic.
 OPTIONAL: dict[str, str] = {"provenance": STRING}
-
-_FORMATS = {
-    ".csv": "csv",
-    ".fits": "fits",
-    ".fit": "fits",
-    ".fts": "fits",
-    ".vot": "votable",
-    ".votable": "votable",
-    ".xml": "votable",
-}
-_CSV_CHUNK = 100_000
-# (schema of the file, typed columns) of a run of rows of one export file.
-Chunk = tuple[dict[str, str], dict[str, npt.NDArray[Any] | list[str]]]
-
-
-def _export_format(path: Path) -> str | None:
-    return _FORMATS.get(path.suffix.lower())
-
-
-def _export_files(source: str) -> list[Path]:
-    path = Path(source).expanduser()
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and _export_format(p))
-        if not files:
-            raise SourceError(
-                f"{source}: no CSV, FITS or VOTable files "
-                f"({', '.join(sorted(_FORMATS))}) in this directory"
-            )
-        return files
-    matches = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
-    if not matches:
-        raise SourceError(f"{source}: no such directory, and no file matches it as a glob")
-    for match in matches:
-        if _export_format(match) is None:
-            raise SourceError(f"{match}: not a CSV, FITS or VOTable file (by its suffix)")
-    return matches
-
-
-def _match_columns(names: Sequence[str], where: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Map export column names onto SCHEMA (+ OPTIONAL), case-insensitively.
-
-    Returns (canonical name -> name in the file, canonical schema of this file).
-
-    Only letter case is mapped (objID, specObjID, petroMag_u ... as CasJobs spells them). The
-    spectroscopic redshift must be called ``redshift``: a bare ``z`` is the z-band magnitude,
-    and an export with both as ``z`` is refused as a duplicate column, since which is which
-    cannot be told from the file."""
-    for name in names:
-        if not _IDENT.fullmatch(name):
-            raise SourceError(f"{where}: column name {name[:40]!r} is not a plain identifier")
-    by_lower: dict[str, str] = {}
-    for name in names:
-        if name.lower() in by_lower:
-            raise SourceError(f"{where}: column {name!r} appears twice (ignoring case)")
-        by_lower[name.lower()] = name
-    wanted = {**SCHEMA, **OPTIONAL}
-    known = {n.lower() for n in wanted}
-    missing = [n for n in SCHEMA if n.lower() not in by_lower]
-    unexpected = [n for n in names if n.lower() not in known]
-    if missing or unexpected:
-        raise SourceError(
-            f"{where}: columns differ from the expected schema: "
-            + "; ".join(
-                part
-                for part in (
-                    f"missing {', '.join(missing)}" if missing else "",
-                    f"unexpected {', '.join(unexpected)}" if unexpected else "",
-                )
-                if part
-            )
-        )
-    mapping = {n: by_lower[n.lower()] for n in wanted if n.lower() in by_lower}
-    return mapping, {n: wanted[n] for n in mapping}
-
-
-def _csv_chunks(path: Path) -> Iterator[Chunk]:
-    """(schema, columns) chunks of a CasJobs CSV export (an optional "#Table1" line first)."""
-    where = str(path)
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            first = f.readline()
-            if first.strip() != "#Table1":
-                f.seek(0)
-            reader = csv.reader(f, strict=True)
-            header = next(reader, None)
-            if header is None:
-                raise SourceError(f"{where}: empty file, no header line")
-            names = [h.strip() for h in header]
-            mapping, schema = _match_columns(names, where)
-            renamed = tuple(
-                next((c for c, n in mapping.items() if n == name), name) for name in names
-            )
-            row_number = 1
-            while True:
-                chunk: list[tuple[str, ...]] = []
-                for record in reader:
-                    if len(record) != len(names):
-                        raise SourceError(
-                            f"{where}: row {row_number + len(chunk)} has {len(record)} fields, "
-                            f"header has {len(names)}"
-                        )
-                    chunk.append(tuple(record))
-                    if len(chunk) == _CSV_CHUNK:
-                        break
-                if not chunk:
-                    return
-                reply = Reply(columns=renamed, rows=tuple(chunk))
-                yield schema, typed_columns(reply, schema, where=where, first_row=row_number)
-                row_number += len(chunk)
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise SourceError(f"{where}: unreadable CSV: {exc}") from exc
-
-
-def _table_column(table: Any, name: str, kind: str, where: str) -> npt.NDArray[Any] | list[str]:
-    column = table[name]
-    if getattr(column, "mask", None) is not None and np.any(column.mask):
-        raise SourceError(f"{where}: column {name} has null values")
-    values = np.asarray(column)
-    dtype = values.dtype
-    if kind == UINT64:
-        if dtype.kind == "u":
-            return values.astype(np.uint64)
-        if dtype.kind == "i":
-            if values.size and int(values.min()) < 0:
-                raise SourceError(
-                    f"{where}: column {name} is signed {dtype.name} with negative values; "
-                    "64-bit ids must be exported unsigned or as text"
-                )
-            return values.astype(np.uint64)
-        if dtype.kind in "USO":
-            text = values.astype(str)
-            return np.array(
-                [_parse_uint64(v, where, name, r) for r, v in enumerate(text.tolist(), 1)],
-                dtype=np.uint64,
-            )
-        raise SourceError(
-            f"{where}: column {name} is {dtype.name}, not an integer; 64-bit ids lose digits as "
-            "floats, re-export it as bigint or text"
-        )
-    if kind == FLOAT64:
-        if dtype.kind not in "iuf":
-            raise SourceError(f"{where}: column {name} is {dtype.name}, not a number")
-        return values.astype(np.float64)
-    if dtype.kind not in "USO":
-        raise SourceError(f"{where}: column {name} is {dtype.name}, not text")
-    return [str(v).strip() for v in values.astype(str).tolist()]
-
-
-def _astropy_chunks(path: Path, fmt: str) -> Iterator[Chunk]:
-    from astropy.table import Table
-
-    where = str(path)
-    try:
-        if fmt == "fits":
-            table = Table.read(path, format="fits", memmap=True, character_as_bytes=False)
-        else:
-            table = Table.read(path, format="votable")
-    except SourceError:
-        raise
-    except Exception as exc:  # astropy raises many kinds for a corrupt file
-        raise SourceError(f"{where}: unreadable {fmt.upper()}: {_one_line(str(exc))}") from exc
-    mapping, schema = _match_columns(list(table.colnames), where)
-    # FITS columns stay memory-mapped where astropy can (no scaling); converting a slice at a
-    # time keeps the typed copies to one chunk.
-    for start in range(0, len(table), _CSV_CHUNK):
-        part = table[start : start + _CSV_CHUNK]
-        columns: dict[str, npt.NDArray[Any] | list[str]] = {}
-        for name, kind in schema.items():
-            try:
-                columns[name] = _table_column(part, mapping[name], kind, where)
-            except (UnicodeError, ValueError, TypeError) as exc:
-                raise SourceError(
-                    f"{where}: column {mapping[name]}: {_one_line(str(exc))}"
-                ) from exc
-        yield schema, columns
-
-
-def ingest_exports(
-    catalog: Catalog,
-    *,
-    source: str,
-    progress: Progress = lambda _msg: None,
-) -> Manifest:
-    """CasJobs exports (a directory or a glob of CSV, FITS, VOTable files) into raw "sdss".
-
-    Each input is converted on its own into one Parquet file, so memory is bounded by the
-    largest input (CSV by a chunk). Columns are matched case-insensitively against the expected
-    schema; a missing, unexpected or mistyped column refuses the whole ingest.
-    """
-    files = _export_files(source)
-    with catalog.stage("sdss", kind="raw") as stage:
-        sources: list[dict[str, Any]] = []
-        file_rows: dict[str, int] = {}
-        total = 0
-        synthetic = 0
-        for number, path in enumerate(files, start=1):
-            synthetic_before = synthetic
-            fmt = _export_format(path)
-            assert fmt is not None
-            chunks = _csv_chunks(path) if fmt == "csv" else _astropy_chunks(path, fmt)
-            out_name = f"{number:05d}-{path.stem}.parquet"
-            writer: Any = None
-            rows = 0
-            try:
-                for schema, columns in chunks:
-                    table = _arrow_table(columns, schema)
-                    if writer is None:
-                        writer = pq.ParquetWriter(stage.path / out_name, table.schema)
-                    writer.write_table(table)
-                    rows += table.num_rows
-                    if "provenance" in columns:
-                        synthetic += sum(1 for v in columns["provenance"] if v == "synthetic")
-            finally:
-                if writer is not None:
-                    writer.close()
-            if writer is None or rows == 0:
-                raise SourceError(f"{path}: no rows")
-            digest, size = sha256_file(path)
-            sources.append(
-                {
-                    "uri": path.resolve().as_uri(),
-                    "file": out_name,
-                    "format": fmt,
-                    "sha256": digest,
-                    "bytes": size,
-                    "rows": rows,
-                }
-            )
-            # synth.py's rows say so in a provenance column; CasJobs exports have none.
-            marked = synthetic - synthetic_before
-            if marked:
-                sources[-1]["provenance"] = "synthetic" if marked == rows else "mixed"
-            file_rows[out_name] = rows
-            total += rows
-            progress(f"{path.name}: {rows:,} rows ({fmt})")
-        manifest: Manifest = stage.commit(
-            sources=sources,
-            parameters={"format": "casjobs-export"},
-            schema={"format": "parquet", "columns": dict(SCHEMA), "optional": dict(OPTIONAL)},
-            statistics={"rows": total, "files": len(files), "synthetic_rows": synthetic},
-            rows=total,
-            file_rows=file_rows,
-        )
-    return manifest

@@ -25,7 +25,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from preprocessing.sources.sdss import COLUMNS, SourceError
+from preprocessing.sources.errors import SourceError
+from preprocessing.sources.sdss import COLUMNS
 
 __all__ = ["CALIBRATION", "write_sdss_exports"]
 

@@ -264,3 +264,29 @@ def test_gc_keeps_live_staging_and_committed_versions(catalog: Catalog) -> None:
         assert (stage.path / "a").exists()
     assert catalog.verify() == []
     assert catalog.versions("ds") == [manifest]
+
+
+def test_files_described_by_their_writers_are_not_read_again(tmp_path: Path) -> None:
+    import hashlib
+
+    from data_catalog import FileEntry
+
+    catalog = Catalog(tmp_path / "catalog")
+    data = b"written elsewhere, hashed while written"
+    entry = FileEntry(
+        path="part.bin",
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        rows=7,
+        row_groups=None,
+    )
+    with catalog.stage("described", kind="raw") as stage:
+        (stage.path / "part.bin").write_bytes(data)
+        manifest = stage.commit(rows=7, described={"part.bin": entry}, code_version=CODE)
+    assert manifest.files == (entry,)
+    assert catalog.verify("described") == []
+
+    with catalog.stage("described", kind="raw") as stage:
+        (stage.path / "part.bin").write_bytes(data + b"!")  # not what its writer said
+        with pytest.raises(CatalogError, match="its writer described"):
+            stage.commit(rows=7, described={"part.bin": entry}, code_version="other")

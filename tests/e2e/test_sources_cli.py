@@ -53,7 +53,7 @@ def test_bad_replies_are_refused_in_one_line_without_a_version(
     assert shardflow("catalog", "list", "--json").json["datasets"] == []
     missing = shardflow("ingest", "cifar10")
     assert missing.returncode == 1
-    assert "cifar10 needs --source" in missing.stderr
+    assert "--source is needed for cifar10" in missing.stderr
 
 
 def test_synthetic_exports_ingest_as_marked_rows(
@@ -115,14 +115,14 @@ def test_synthetic_images_from_the_real_pool_ingest_as_synthetic(
 
     digits = shardflow("synth", "mnist", "--rows", "10", "--out", str(tmp_path / "d"))
     assert digits.returncode == 1
-    assert "needs --source" in digits.stderr
+    assert "--source is needed for mnist" in digits.stderr
 
 
 def test_synth_cifar10_needs_a_real_pool(shardflow: Callable[..., Result], tmp_path: Path) -> None:
     result = shardflow("synth", "cifar10", "--rows", "5", "--out", str(tmp_path / "c"))
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "shardflow: error: synth cifar10 needs --source: real CIFAR-10 batches to draw on"
+        "shardflow: error: --source is needed for cifar10: real CIFAR-10 batches to draw on"
     )
 
 

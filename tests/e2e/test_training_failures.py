@@ -20,13 +20,33 @@ from tests.conftest import Result
 pytestmark = pytest.mark.e2e
 
 
-def worker_ranks() -> list[psutil.Process]:
+def worker_ranks(command: psutil.Process) -> list[psutil.Process]:
+    """The training ranks started by ``command`` (its descendants running the worker), not
+    those of other training runs on the machine."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
+    for proc in command.children(recursive=True):
+        try:
+            cmdline = proc.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        # horovodrun's own command line names the worker too; the shells it starts the ranks
+        # through hold the whole command in one argument.
         if "training.worker" in cmdline and "horovodrun" not in " ".join(cmdline):
             found.append(proc)
     return found
+
+
+def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` that have not ended (a zombie has; is_running also checks that
+    the pid was not reused)."""
+    alive = []
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 def test_killed_rank_stops_the_job_and_resume_finishes(
@@ -61,8 +81,12 @@ def test_killed_rank_stops_the_job_and_resume_finishes(
             break
     else:
         pytest.fail("training never reached epoch 3:\n" + "".join(lines[-20:]))
-    ranks = worker_ranks()
+    command = psutil.Process(proc.pid)
+    ranks = worker_ranks(command)
     assert len(ranks) == 2
+    # Everything the command started, to check that none outlives it (once it has exited, its
+    # orphans would no longer be its descendants).
+    started = command.children(recursive=True)
     ranks[-1].send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     rest = proc.stderr.read()
@@ -73,7 +97,7 @@ def test_killed_rank_stops_the_job_and_resume_finishes(
     assert len(error_lines) == 1, rest[-2000:]
     assert "ended with exit code 137 (SIGKILL)" in error_lines[0]
     assert "--resume" in error_lines[0]
-    assert worker_ranks() == []
+    assert still_running(started) == []
     kinds = {d["kind"] for d in shardflow("catalog", "list", "--json").json["datasets"]}
     assert kinds == {"raw", "processed"}  # no model version from the failed run
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -240,3 +242,70 @@ def test_deployment_runs_on_its_schedule_under_a_worker(
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
+
+
+def test_the_pipeline_deployment_trains_sdss_with_its_own_model(
+    prefect_server: str,
+    shardflow: Callable[..., Result],
+    monkeypatch: pytest.MonkeyPatch,
+    shardflow_home: Path,
+    tmp_path: Path,
+) -> None:
+    """The weekly pipeline deployment run for sdss, its exports given as a parameter, under a
+    real worker: the registry's default model for sdss (dnn), not the images' cnn."""
+    monkeypatch.setenv("PREFECT_API_URL", f"{prefect_server}/api")
+    exports = tmp_path / "exports"
+    made = shardflow("synth", "sdss", "--rows", "6000", "--files", "2", "--out", str(exports))
+    assert made.returncode == 0, made.stderr
+    deployed = shardflow("deploy", "--json")
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    parameters = {
+        "dataset": "sdss",
+        "source": str(exports),
+        "options": {"plan": {"rank_multiple": 8, "target_rows_per_group": 200}},
+        "train": {"num_ranks": 1, "epochs": 1, "batch_size": 64},
+    }
+    started = subprocess.run(
+        [
+            str(BIN / "prefect"),
+            "--no-prompt",
+            "deployment",
+            "run",
+            "shardflow-pipeline/weekly",
+            "--params",
+            json.dumps(parameters),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        timeout=120,
+    )
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout)
+    assert flow_run_id, started.stdout
+    worker = subprocess.Popen(
+        [str(BIN / "prefect"), "worker", "start", "--pool", "shardflow-process"],
+        env={**os.environ, "SHARDFLOW_HOME": str(shardflow_home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 900
+        state = ""
+        while time.monotonic() < deadline:
+            time.sleep(5)
+            run = httpx.get(
+                f"{prefect_server}/api/flow_runs/{flow_run_id.group(1)}", timeout=30
+            ).json()
+            state = run["state_type"]
+            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+        assert state == "COMPLETED", run["state"]
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+    models = shardflow("catalog", "show", "sdss-dnn", "--json")
+    assert models.returncode == 0, models.stderr
+    assert models.json["schema"]["model"] == "dnn"
+    assert models.json["parents"][0]["name"] == "sdss-processed"

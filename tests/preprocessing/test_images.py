@@ -11,9 +11,11 @@ import pytest
 
 from data_catalog import Catalog
 from preprocessing import splits
-from preprocessing.engine import JobOptions, run_locally
-from preprocessing.images import finished_parquet, plan_job, split_records
+from preprocessing.config import JobOptions
+from preprocessing.driver import run_locally
+from preprocessing.images import plan_job, split_records
 from preprocessing.plan import PlanConfig
+from preprocessing.shard_files import recorded_result
 from preprocessing.sources import idx, mnist
 
 TRAIN, TEST = 1_300, 200
@@ -38,9 +40,9 @@ def raw(tmp_path_factory: pytest.TempPathFactory) -> tuple[Catalog, Path]:
 
 def _run(catalog: Catalog, options: JobOptions, work: Path) -> tuple[object, Path]:
     job = plan_job(catalog, catalog.get("mnist"), options)
-    scans, written = run_locally(job, work)
+    done = run_locally(job, work)
     with catalog.stage(job.name, kind="processed") as stage:
-        manifest = job.commit(stage, scans, written, work)
+        manifest = job.commit(stage, done, work)
     return manifest, catalog.version_dir(manifest.name, manifest.version)
 
 
@@ -121,16 +123,16 @@ def test_finished_shard_is_reused_and_a_damaged_one_rewritten(
     catalog, _ = raw
     job = plan_job(catalog, catalog.get("mnist"), JobOptions(plan=PlanConfig(rank_multiple=8)))
     work = tmp_path / "work"
-    _scans, first = run_locally(job, work)
+    first = run_locally(job, work)["write"]
     shard = job.shards[0]
     path = work / "out" / shard.path
     written = path.read_bytes()
-    assert finished_parquet(path, rows=shard.rows, row_groups=shard.num_row_groups)
-    _, again = run_locally(job, work)
+    assert recorded_result(path)
+    again = run_locally(job, work)["write"]
     assert all(r.get("reused") for r in again)
     assert [r["sums"] for r in again if "sums" in r] == [r["sums"] for r in first if "sums" in r]
     path.write_bytes(written[: len(written) // 2])  # as a crash mid-write could leave it
-    assert finished_parquet(path, rows=shard.rows, row_groups=shard.num_row_groups) is None
-    _, rewritten = run_locally(job, work)
+    assert recorded_result(path) is None
+    rewritten = run_locally(job, work)["write"]
     assert "reused" not in rewritten[0]
     assert path.read_bytes() == written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from data_catalog.errors import ConfigError
 from preprocessing.plan import PlanConfig, plan_evaluation_split, plan_training_split
 from training.input import SplitLayout
 
@@ -47,9 +48,25 @@ def test_evaluation_split_is_whole() -> None:
     assert sum(s.rows for s in plan.shards) == 10_001
 
 
-def test_too_few_rows_is_refused() -> None:
-    with pytest.raises(ValueError, match="cannot fill 64 equal row groups"):
+def test_too_few_rows_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="cannot fill 64 equal row groups") as refused:
         plan_training_split("train", 63, PlanConfig())
+    assert refused.value.field == "rank_multiple"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"rank_multiple": 0}, "rank_multiple"),
+        ({"target_rows_per_group": -1}, "target_rows_per_group"),
+        ({"target_rows_per_shard": 0}, "target_rows_per_shard"),
+        ({"remainder": "keep"}, "remainder"),
+    ],
+)
+def test_bad_plan_fields_are_named(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        PlanConfig(**kwargs)  # type: ignore[arg-type]
+    assert refused.value.field == field
 
 
 @pytest.mark.parametrize("rows", [63, 5_003, 60_001, 1_000_003])

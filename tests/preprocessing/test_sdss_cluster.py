@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_catalog import Catalog, Manifest
-from preprocessing.engine import ClusterConfig, JobOptions, dask_client, run_job
-from preprocessing.jobs import PreprocessConfig, plan, preprocess
+from preprocessing.config import ClusterConfig, JobOptions
+from preprocessing.driver import Runner, dask_client, dask_runner, run_passes
+from preprocessing.jobs import plan, preprocess
 from preprocessing.plan import PlanConfig
-from preprocessing.sources import sdss
+from preprocessing.sources.exports import ingest_exports
 from preprocessing.sources.synth import write_sdss_exports
 
 pytestmark = pytest.mark.e2e
@@ -28,13 +29,18 @@ def _raw(root: Path, rows: int, files: int, exports: Path | None = None) -> Cata
         exports = root / "exports"
         write_sdss_exports(exports, rows=rows, files=files, fmt="fits", seed=2)
     catalog = Catalog(root / "catalog")
-    sdss.ingest_exports(catalog, source=str(exports))
+    ingest_exports(catalog, source=str(exports))
     return catalog
 
 
 def _preprocess(catalog: Catalog, work: Path) -> Manifest:
-    config = PreprocessConfig(options=OPTIONS, cluster=ClusterConfig(workers=2, work_dir=work))
-    return preprocess(catalog, "sdss", config=config)
+    return preprocess(
+        catalog,
+        "sdss",
+        options=OPTIONS,
+        runner=lambda: dask_runner(ClusterConfig(workers=2)),
+        work_root=work,
+    )
 
 
 def test_a_killed_worker_changes_nothing(
@@ -50,7 +56,7 @@ def test_a_killed_worker_changes_nothing(
     assert len(job.pieces) == 2  # type: ignore[attr-defined]
     # The worker process that writes the job's 4th file dies by SIGKILL right after; the
     # nanny starts a new worker and the scheduler reruns the lost task (it finds the file whole).
-    monkeypatch.setenv("SHARDFLOW_PREPROCESS_CRASH_AT", "after-shard:4")
+    monkeypatch.setenv("SHARDFLOW_CRASH_AT", "after-shard:4")
     with caplog.at_level(logging.INFO, logger="distributed.nanny"):
         crashed = _preprocess(crashed_catalog, tmp_path / "crashed" / "work")
     assert "was killed by signal 9" in caplog.text  # the nanny saw its worker die
@@ -83,7 +89,7 @@ def _peak_rss() -> int:
 def _worker_peak(catalog: Catalog, work: Path) -> int:
     job = plan(catalog, "sdss", JobOptions())
     with dask_client(ClusterConfig(workers=2), lambda _m: None) as client:
-        run_job(client, job, work, lambda _m: None)
+        run_passes(job, Runner(client), work)
         return max(client.run(_peak_rss).values())
 
 

@@ -12,10 +12,12 @@ import pytest
 
 from data_catalog import Catalog, Manifest
 from preprocessing import schemas, splits
-from preprocessing.engine import JobOptions, run_locally
+from preprocessing.config import JobOptions
+from preprocessing.driver import run_locally
 from preprocessing.plan import PlanConfig
 from preprocessing.sdss import plan_sdss_job
 from preprocessing.sources import sdss
+from preprocessing.sources.exports import ingest_exports
 from preprocessing.sources.synth import write_sdss_exports
 
 ROWS = 6_000
@@ -40,11 +42,11 @@ def _processed(root: Path, options: JobOptions, rows: int = ROWS) -> tuple[Manif
     write_sdss_exports(exports, rows=rows, files=2, fmt="csv", seed=1)
     spoiled = _spoil(sorted(exports.glob("*.csv"))[0])
     catalog = Catalog(root / "catalog")
-    raw = sdss.ingest_exports(catalog, source=str(exports))
+    raw = ingest_exports(catalog, source=str(exports))
     job = plan_sdss_job(catalog, raw, options)
-    scans, written = run_locally(job, root / "work")
+    done = run_locally(job, root / "work")
     with catalog.stage(job.name, kind="processed") as stage:
-        manifest = job.commit(stage, scans, written, root / "work")
+        manifest = job.commit(stage, done, root / "work")
     return manifest, catalog.version_dir(manifest.name, manifest.version), spoiled
 
 
@@ -121,5 +123,24 @@ def test_nan_and_infinite_values_are_quarantined_with_their_column() -> None:
     columns = {name: np.full(n, 17.0) for name in sdss.SCHEMA if sdss.SCHEMA[name] == "float64"}
     columns["petroMag_i"] = np.array([17.0, np.nan, 17.0, 17.0])
     columns["redshift"] = np.array([0.1, 0.1, np.inf, 0.1])
-    table = pa.table({**columns, "class": ["STAR", "QSO", "GALAXY", "GALAXY"]})
+    ids = {"objid": np.arange(n, dtype=np.uint64), "specobjid": np.full(n, 2**63, np.uint64)}
+    table = pa.table({**columns, **ids, "class": ["STAR", "QSO", "GALAXY", "GALAXY"]})
     assert quarantine_reasons(table).tolist() == ["", "nan:petroMag_i", "nan:redshift", ""]
+
+
+def test_a_repeated_row_is_quarantined_as_a_duplicate() -> None:
+    from preprocessing.sdss import quarantine_reasons
+
+    n = 5
+    columns = {name: np.full(n, 17.0) for name in sdss.SCHEMA if sdss.SCHEMA[name] == "float64"}
+    objid = np.array([7, 8, 7, 9, 7], dtype=np.uint64)
+    specobjid = np.array([1, 1, 1, 1, 2**64 - 1], dtype=np.uint64)
+    table = pa.table({**columns, "objid": objid, "specobjid": specobjid, "class": ["STAR"] * n})
+    # The second (7, 1) is the repeat; (7, 2^64 - 1) is another spectrum of the same object.
+    assert quarantine_reasons(table).tolist() == [
+        "",
+        "",
+        "duplicate (objid, specobjid)",
+        "",
+        "",
+    ]

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from data_catalog.errors import ShardflowError
 from training import models
-from training.launcher import TrainConfig, launch
 
 
 @pytest.mark.parametrize(
@@ -43,17 +39,3 @@ def test_a_model_must_suit_the_data() -> None:
         models.check("resnet50", "tabular")
     with pytest.raises(ValueError, match="for images use: cnn, mobilenetv2, resnet50"):
         models.check("dnn", "images")
-
-
-def test_mpi_controller_needs_horovod_built_with_mpi(tmp_path: Path) -> None:
-    import horovod.tensorflow as hvd
-
-    config = TrainConfig(controller="mpi")
-    if hvd.mpi_built():
-        pytest.skip("this Horovod has MPI")
-    with pytest.raises(ShardflowError, match="built without MPI; use --controller gloo"):
-        launch(config, tmp_path, lambda _m: None)
-    with pytest.raises(ShardflowError, match="unknown controller"):
-        TrainConfig(controller="nccl")
-    with pytest.raises(ShardflowError, match="--hosts or --hostfile, not both"):
-        TrainConfig(hosts="a:1", hostfile="hosts.txt")

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_catalog import Catalog, Manifest
-from preprocessing.engine import JobOptions, run_locally
+from preprocessing.config import JobOptions
+from preprocessing.driver import run_locally
 from preprocessing.images import plan_job
 from preprocessing.plan import PlanConfig
 from preprocessing.sources import idx, mnist
@@ -43,9 +44,9 @@ def processed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Catalog, Manife
         validation_fraction=0,
     )
     job = plan_job(catalog, catalog.get("mnist"), options)
-    scans, written = run_locally(job, root / "work")
+    done = run_locally(job, root / "work")
     with catalog.stage(job.name, kind="processed") as stage:
-        manifest = job.commit(stage, scans, written, root / "work")
+        manifest = job.commit(stage, done, root / "work")
     assert len([f for f in manifest.files if f.path.startswith("train/")]) > 1
     return catalog, manifest
 

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from data_catalog import Catalog, Manifest
 from preprocessing.sources import cifar10
+from preprocessing.sources.errors import SourceError
 
 
 def decode_png(data: bytes) -> NDArray[Any]:
@@ -178,7 +179,7 @@ def test_hostile_pickle_is_refused(
     folder = write_python(tmp_path / "cifar-10-batches-py", *real_images)
     (folder / "data_batch_3").write_bytes(pickle.dumps({b"data": _Evil(), b"labels": []}))
     catalog = Catalog(tmp_path / "catalog")
-    with pytest.raises(cifar10.SourceError, match=r"data_batch_3: .*posix.system is not allowed"):
+    with pytest.raises(SourceError, match=r"data_batch_3: .*posix.system is not allowed"):
         cifar10.ingest(catalog, source=str(folder))
     assert not Path("/tmp/shardflow-cifar10-pwned").exists()
     _no_version(catalog)
@@ -190,13 +191,13 @@ def test_missing_batch_and_bad_sizes(
     folder = write_binary(tmp_path / "b", *real_images)
     catalog = Catalog(tmp_path / "catalog")
     (folder / "data_batch_4.bin").unlink()
-    with pytest.raises(cifar10.SourceError, match=r"lacks data_batch_4\.bin"):
+    with pytest.raises(SourceError, match=r"lacks data_batch_4\.bin"):
         cifar10.ingest(catalog, source=str(folder))
     (folder / "data_batch_4.bin").write_bytes(b"\x01" * 3073 + b"\x00")
-    with pytest.raises(cifar10.SourceError, match="not a whole number of 3,073-byte records"):
+    with pytest.raises(SourceError, match="not a whole number of 3,073-byte records"):
         cifar10.ingest(catalog, source=str(folder))
     (folder / "data_batch_4.bin").write_bytes(b"\x0a" + b"\x00" * 3072)
-    with pytest.raises(cifar10.SourceError, match=r"label 10 outside 0\.\.9"):
+    with pytest.raises(SourceError, match=r"label 10 outside 0\.\.9"):
         cifar10.ingest(catalog, source=str(folder))
     _no_version(catalog)
 
@@ -224,7 +225,7 @@ def test_unsafe_archive_members_are_refused(tmp_path: Path, make: object, messag
     member.size = len(data)
     archive = _hostile_tar(tmp_path / "evil.tar.gz", member, data)
     catalog = Catalog(tmp_path / "catalog")
-    with pytest.raises(cifar10.SourceError, match=message):
+    with pytest.raises(SourceError, match=message):
         cifar10.ingest(catalog, source=str(archive))
     _no_version(catalog)
     assert not (tmp_path.parent / "data_batch_1.bin").exists()
@@ -239,9 +240,9 @@ def _link(kind: bytes, target: str) -> tarfile.TarInfo:
 
 def test_not_an_archive(tmp_path: Path) -> None:
     (tmp_path / "x.tar.gz").write_bytes(b"not gzip")
-    with pytest.raises(cifar10.SourceError, match="unreadable archive"):
+    with pytest.raises(SourceError, match="unreadable archive"):
         cifar10.ingest(Catalog(tmp_path / "catalog"), source=str(tmp_path / "x.tar.gz"))
-    with pytest.raises(cifar10.SourceError, match="no such file"):
+    with pytest.raises(SourceError, match="no such file"):
         cifar10.ingest(Catalog(tmp_path / "catalog"), source=str(tmp_path / "nope"))
 
 
@@ -264,9 +265,12 @@ def test_archive_over_http(tmp_path: Path, real_images: tuple[NDArray[Any], NDAr
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/cifar-10-python.tar.gz"
         catalog = Catalog(tmp_path / "catalog")
-        manifest = cifar10.ingest(catalog, source=url)
-        with pytest.raises(cifar10.SourceError, match=re.escape(url) + r"\.missing: HTTP 404"):
-            cifar10.ingest(catalog, source=url + ".missing")
+        cache = tmp_path / "downloads"
+        manifest = cifar10.ingest(catalog, source=url, download_cache=cache)
+        assert list(cache.iterdir()) == []  # committed: the cache entry is forgotten
+        with pytest.raises(SourceError, match=re.escape(url) + r"\.missing: HTTP 404"):
+            cifar10.ingest(catalog, source=url + ".missing", download_cache=cache)
+        assert list(cache.iterdir()) == []
     finally:
         server.shutdown()
         server.server_close()
@@ -286,7 +290,7 @@ def test_archive_over_http(tmp_path: Path, real_images: tuple[NDArray[Any], NDAr
 def test_pickle_fuzz_raises_only_source_error(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "data_batch_1"
     path.write_bytes(data)
-    with contextlib.suppress(cifar10.SourceError):
+    with contextlib.suppress(SourceError):
         cifar10.read_batch(path)
 
 
@@ -352,7 +356,7 @@ def test_pickle_structure_is_checked(tmp_path: Path, batch: object, message: str
             labels, images = cifar10.read_batch(path)
             assert labels.tolist() == [3, 8] and images.shape == (2, 32, 32, 3)
         else:
-            with pytest.raises(cifar10.SourceError, match=rf"data_batch_1: .*{message}"):
+            with pytest.raises(SourceError, match=rf"data_batch_1: .*{message}"):
                 cifar10.read_batch(path)
 
 
@@ -361,11 +365,11 @@ def test_codecs_encode_only_for_latin1(tmp_path: Path) -> None:
     payload = b"\x80\x02c_codecs\nencode\nX\x03\x00\x00\x00abcX\x06\x00\x00\x00base64\x86R."
     path = tmp_path / "data_batch_1"
     path.write_bytes(payload)
-    with pytest.raises(cifar10.SourceError, match="allowed for latin-1 text only"):
+    with pytest.raises(SourceError, match="allowed for latin-1 text only"):
         cifar10.read_batch(path)
     for module, name in (("builtins", "eval"), ("numpy", "load"), ("subprocess", "Popen")):
         path.write_bytes(b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"q\x00.")
-        with pytest.raises(cifar10.SourceError, match=rf"global {module}\.{name} is not allowed"):
+        with pytest.raises(SourceError, match=rf"global {module}\.{name} is not allowed"):
             cifar10.read_batch(path)
 
 

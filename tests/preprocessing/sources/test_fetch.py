@@ -1,4 +1,4 @@
-"""download() against misbehaving HTTP servers on 127.0.0.1."""
+"""fetch() against misbehaving HTTP servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from preprocessing.sources.fetch import DownloadError, download
-from preprocessing.sources.mnist import SourceError
+from preprocessing.sources.errors import SourceError
+from preprocessing.sources.fetch import DownloadError, fetch
 
 PAYLOAD = np.random.default_rng(7).integers(0, 256, 3 * 1024 * 1024 + 123, np.uint8).tobytes()
 DIGEST = hashlib.sha256(PAYLOAD).hexdigest()
@@ -100,7 +100,7 @@ def serve() -> Iterator[Callable[[Script], str]]:
 
 def _fetch(url: str, dest: Path, **kwargs: object) -> tuple[tuple[str, int], list[str]]:
     messages: list[str] = []
-    result = download(url, dest, backoff=0.01, progress=messages.append, **kwargs)  # type: ignore[arg-type]
+    result = fetch(url, dest, backoff=0.01, progress=messages.append, **kwargs)  # type: ignore[arg-type]
     return result, messages
 
 
@@ -113,7 +113,7 @@ def test_cut_transfer_resumes_with_range(
     (digest, size), messages = _fetch(serve(script) + "/data.bin", dest)
     assert (digest, size) == (DIGEST, len(PAYLOAD))
     assert dest.read_bytes() == PAYLOAD
-    assert not (tmp_path / "data.bin.part").exists()
+    assert sorted(tmp_path.iterdir()) == [dest]  # no partial file left beside it
     # The second GET asked only for the rest (a reset may discard bytes still in flight).
     assert script.requests[0] is None
     resumed_at = int(re.fullmatch(r"bytes=(\d+)-", script.requests[1] or "")[1])  # type: ignore[index]

@@ -7,12 +7,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from astropy.table import Table
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from data_catalog import Catalog, Manifest
-from preprocessing.sources import sdss
+from preprocessing.sources import exports, sdss
 from tests.preprocessing.sources.skyserver_standin import BIG_SPECOBJID, HEADER, synthetic_rows
 
 NAMES = HEADER.split(",")
@@ -76,7 +74,7 @@ def test_csv_fits_votable_ingest(tmp_path: Path) -> None:
     write_votable(src / "c.vot", lines[2_000:])
     (src / "README.txt").write_text("ignored")
     catalog = Catalog(tmp_path / "catalog")
-    manifest = sdss.ingest_exports(catalog, source=str(src))
+    manifest = exports.ingest_exports(catalog, source=str(src))
     assert manifest.rows == 3_000
     assert len(manifest.files) == 3
     assert [s["format"] for s in manifest.sources] == ["csv", "fits", "votable"]
@@ -88,26 +86,23 @@ def test_csv_fits_votable_ingest(tmp_path: Path) -> None:
     assert str(table.schema.field("class").type) == "string"
 
 
-def test_glob_and_csv_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sdss, "_CSV_CHUNK", 70)
+def test_glob_and_row_groups(tmp_path: Path) -> None:
     lines = _lines(500)
     for i in range(3):
         write_csv(tmp_path / f"part{i}.csv", lines[i * 100 : (i + 1) * 100 + 50 * i])
     catalog = Catalog(tmp_path / "catalog")
-    manifest = sdss.ingest_exports(catalog, source=str(tmp_path / "part*.csv"))
+    manifest = exports.ingest_exports(catalog, source=str(tmp_path / "part*.csv"))
     assert manifest.rows == 100 + 150 + 200
     assert [e.rows for e in manifest.files] == [100, 150, 200]
-    assert [e.row_groups for e in manifest.files] == [2, 3, 3]  # one per CSV chunk
+    assert [e.row_groups for e in manifest.files] == [1, 1, 1]  # groups of 100,000 rows
 
 
-def test_fits_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sdss, "_CSV_CHUNK", 70)
+def test_fits_and_csv_twins_give_the_same_rows(tmp_path: Path) -> None:
     lines = _lines(200)
     write_fits(tmp_path / "part.fits", lines)
     write_csv(tmp_path / "part.csv", lines)
     catalog = Catalog(tmp_path / "catalog")
-    manifest = sdss.ingest_exports(catalog, source=str(tmp_path))
-    assert [(e.rows, e.row_groups) for e in manifest.files] == [(200, 3), (200, 3)]
+    manifest = exports.ingest_exports(catalog, source=str(tmp_path))
     tables = [pq.read_table(catalog.file_path(manifest, e)) for e in manifest.files]
     assert tables[0].equals(tables[1])
     assert all("provenance" not in s for s in manifest.sources)
@@ -116,7 +111,7 @@ def test_fits_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 def _refused(tmp_path: Path, source: Path, message: str) -> None:
     catalog = Catalog(tmp_path / "catalog")
     with pytest.raises(sdss.SourceError, match=message) as info:
-        sdss.ingest_exports(catalog, source=str(source))
+        exports.ingest_exports(catalog, source=str(source))
     assert "\n" not in str(info.value)
     with pytest.raises(Exception):  # noqa: B017 - NotFound
         catalog.get("sdss")
@@ -154,22 +149,3 @@ def test_nothing_to_read(tmp_path: Path) -> None:
     _refused(tmp_path, tmp_path / "empty", "no CSV, FITS or VOTable files")
     (tmp_path / "corrupt.fits").write_bytes(b"SIMPLE  = nonsense")
     _refused(tmp_path, tmp_path / "corrupt.fits", "unreadable FITS")
-
-
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    body=st.text(
-        alphabet=st.sampled_from(list('#Table1\n,"\r objidRA09.-E+x\x00\ufeff')), max_size=400
-    ),
-    header=st.booleans(),
-)
-def test_csv_export_fuzz_raises_only_source_error(tmp_path: Path, body: str, header: bool) -> None:
-    path = tmp_path / "fuzz.csv"
-    path.write_text((",".join(NAMES) + "\n" if header else "") + body)
-    try:
-        for _chunk in sdss._csv_chunks(path):
-            pass
-    except sdss.SourceError:
-        pass

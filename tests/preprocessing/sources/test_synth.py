@@ -9,14 +9,14 @@ import pytest
 from astropy.io import fits
 
 from data_catalog import Catalog
-from preprocessing.sources import sdss, synth
+from preprocessing.sources import exports, sdss, synth
 
 
 def _ingested(tmp_path: Path, fmt: str, rows: int, files: int) -> pa.Table:
     paths = synth.write_sdss_exports(tmp_path / fmt, rows=rows, files=files, fmt=fmt, seed=3)  # type: ignore[arg-type]
     assert len(paths) == files
     catalog = Catalog(tmp_path / f"catalog-{fmt}")
-    manifest = sdss.ingest_exports(catalog, source=str(tmp_path / fmt))
+    manifest = exports.ingest_exports(catalog, source=str(tmp_path / fmt))
     assert manifest.rows == rows
     assert manifest.statistics["synthetic_rows"] == rows
     assert [s["provenance"] for s in manifest.sources] == ["synthetic"] * files

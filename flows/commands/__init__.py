@@ -1,0 +1,1 @@
+"""The commands of `shardflow`, one module per family; each has a ``register``."""

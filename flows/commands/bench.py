@@ -1,0 +1,156 @@
+"""`shardflow bench preprocess | reader | scaling | aggregation DATASET`: ratios measured side
+by side in one run (docs/preprocessing.md, docs/training.md say how to read them)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flows.console import Context
+from flows.options import whole_number
+from preprocessing import datasets
+
+
+def _side_lines(result: dict[str, Any]) -> list[str]:
+    cpu = result["cpu_seconds_per_million_rows"]
+    load = result["load_average"]
+    return [
+        "best round: "
+        + ", ".join(
+            f"{side} {result['rows_per_second'][side]:,.0f} rows/s, {cpu[side]:.2f} CPU-s per "
+            "1M rows"
+            for side in result["rows_per_second"]
+        ),
+        "peak RSS per worker: "
+        + ", ".join(f"{b / 2**20:.0f} MiB" for b in result["peak_rss_bytes_per_worker"])
+        + f"; load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after",
+    ]
+
+
+def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from preprocessing.bench import bench_preprocess
+
+    result = bench_preprocess(
+        ctx.settings.catalog(), args.dataset, rounds=args.rounds, progress=ctx.progress
+    )
+    return result, [
+        f"rows/s, 2 Dask workers ÷ single-process baseline: {result['ratio']:.3f}",
+        *_side_lines(result),
+    ]
+
+
+def _ingest(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from preprocessing.bench import bench_ingest
+
+    result = bench_ingest(
+        args.dataset, rows=args.rows, files=args.files, rounds=args.rounds, progress=ctx.progress
+    )
+    return result, [
+        f"rows/s, shardflow ingest ({result['workers']} workers) ÷ pyarrow read_csv + "
+        f"write_table: {result['ratio']:.3f}",
+        *_side_lines(result),
+    ]
+
+
+def _aggregation(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from training import bench
+
+    result = bench.bench_aggregation(
+        ctx.settings.catalog(),
+        args.dataset,
+        runs_dir=ctx.settings.runs_dir,
+        epochs=args.epochs,
+        progress=ctx.progress,
+    )
+    return result, ["ranks  passes/step  allreduce MB/epoch  test accuracy"] + [
+        f"{r['num_ranks']:5}  {r['backward_passes_per_step']:11}  "
+        f"{r['allreduce_bytes_per_epoch'] / 1e6:18.1f}  {r['test_accuracy']:13.4f}"
+        for r in result["rows"]
+    ]
+
+
+def _sizes(args: argparse.Namespace) -> dict[str, int]:
+    return {
+        k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size)) if v is not None
+    }
+
+
+def _reader(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from training import bench
+
+    result = bench.bench_reader(
+        ctx.settings.catalog(), args.dataset, progress=ctx.progress, **_sizes(args)
+    )
+    return result, [f"streaming ÷ in-memory epoch time: {result['ratio']:.3f}"]
+
+
+def _scaling(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from training import bench
+
+    result = bench.bench_scaling(
+        ctx.settings.catalog(), args.dataset, progress=ctx.progress, **_sizes(args)
+    )
+    return result, [f"samples/s, 2 ranks ÷ 1 rank (1 thread each): {result['ratio']:.3f}"]
+
+
+BENCHMARKS = {
+    "ingest": (
+        _ingest,
+        "sdss: rows/s of the ingest of --rows synthetic rows in --files CSV exports ÷ "
+        "pyarrow's multithreaded read_csv + write_table of the same files",
+    ),
+    "preprocess": (_preprocess, "rows/s with 2 Dask workers ÷ a single-process baseline"),
+    "reader": (_reader, "streaming ÷ in-memory epoch time"),
+    "scaling": (_scaling, "samples/s on 2 ranks ÷ 1 rank, one thread per rank"),
+    "aggregation": (
+        _aggregation,
+        "ranks x backward passes per step -> allreduce bytes, test accuracy",
+    ),
+}
+
+
+def cmd_bench(ctx: Context, args: argparse.Namespace) -> int:
+    measure, _help = BENCHMARKS[args.benchmark]
+    result, lines = measure(ctx, args)
+    ctx.emit(result, lines)
+    return 0
+
+
+def register(commands: Any, common: argparse.ArgumentParser) -> None:
+    bench = commands.add_parser(
+        "bench", parents=[common], help="benchmarks: ratios measured side by side in one run"
+    )
+    bench.add_argument(
+        "benchmark",
+        choices=tuple(BENCHMARKS),
+        help="; ".join(f"{name}: {text}" for name, (_fn, text) in BENCHMARKS.items()),
+    )
+    bench.add_argument(
+        "dataset", choices=datasets.NAMES, metavar="DATASET", help=", ".join(datasets.NAMES)
+    )
+    bench.add_argument(
+        "--steps", type=whole_number, help="steps timed per run (default: reader 300, scaling 100)"
+    )
+    bench.add_argument(
+        "--batch-size", type=whole_number, help="per rank (default: reader 32, scaling 128)"
+    )
+    bench.add_argument(
+        "--epochs", type=whole_number, default=3, help="aggregation: epochs per run (default: 3)"
+    )
+    bench.add_argument(
+        "--rows",
+        type=whole_number,
+        default=1_000_000,
+        help="ingest: synthetic rows (default: 1000000)",
+    )
+    bench.add_argument(
+        "--files", type=whole_number, default=8, help="ingest: CSV files (default: 8)"
+    )
+    bench.add_argument(
+        "--rounds",
+        type=whole_number,
+        default=3,
+        help="ingest, preprocess: alternated rounds of each side; the best of each is "
+        "compared (default: 3)",
+    )
+    bench.set_defaults(handler=cmd_bench)

@@ -1,0 +1,150 @@
+"""`shardflow catalog list | show | verify | lineage | gc | reindex`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from flows.console import Context
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    name, _, version = ref.partition("@")
+    return name, version or None
+
+
+def manifest_json(catalog: Any, manifest: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(manifest.to_json())
+    data["files"] = [
+        {**entry, "path": catalog.file_url(manifest, file)}
+        for entry, file in zip(data["files"], manifest.files, strict=True)
+    ]
+    data["directory"] = catalog.version_url(manifest.name, manifest.version)
+    return data
+
+
+def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
+    catalog = ctx.settings.catalog()
+    rows = []
+    for name in catalog.names():
+        versions = catalog.versions(name)
+        latest = versions[-1]
+        rows.append(
+            {
+                "name": name,
+                "kind": latest.kind,
+                "latest": latest.version,
+                "versions": len(versions),
+                "rows": latest.rows,
+                "created": latest.created,
+            }
+        )
+    lines = [f"{'NAME':32} {'KIND':10} {'LATEST':17} {'VERSIONS':>8} {'ROWS':>12}"]
+    lines += [
+        f"{r['name']:32} {r['kind']:10} {r['latest']:17} {r['versions']:>8} {r['rows']:>12,}"
+        for r in rows
+    ]
+    root = ctx.settings.catalog_root
+    if not rows:
+        lines = [f"the catalog at {root} is empty; start with `shardflow ingest`"]
+    ctx.emit({"datasets": rows, "root": str(root)}, lines)
+    return 0
+
+
+def cmd_show(ctx: Context, args: argparse.Namespace) -> int:
+    catalog = ctx.settings.catalog()
+    name, version = _split_ref(args.ref)
+    manifest = catalog.get(name, version)
+    data = manifest_json(catalog, manifest)
+    lines = [
+        f"{manifest.name}@{manifest.version} ({manifest.kind}), {manifest.rows:,} rows, "
+        f"created {manifest.created}, code {manifest.code_version}"
+    ]
+    lines += [f"  parent {p.name}@{p.version}" for p in manifest.parents]
+    lines += [f"  source {s.get('uri', s)}" for s in manifest.sources]
+    lines += [f"  {f['path']}  rows={f['rows']}  sha256={f['sha256'][:12]}…" for f in data["files"]]
+    ctx.emit(data, lines)
+    return 0
+
+
+def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
+    catalog = ctx.settings.catalog()
+    name, version = _split_ref(args.ref) if args.ref else (None, None)
+    if name is not None:
+        catalog.get(name, version)  # an unknown name is an error, not a clean bill of health
+    problems = catalog.verify(name, version)
+    result = {
+        "ok": not problems,
+        "problems": [{"path": p.path, "reason": p.reason} for p in problems],
+    }
+    lines = [f"BAD {p.path}: {p.reason}" for p in problems] or ["all files match their manifests"]
+    ctx.emit(result, lines)
+    if problems:
+        for p in problems:
+            print(f"shardflow: verify: {p.path}: {p.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_lineage(ctx: Context, args: argparse.Namespace) -> int:
+    name, version = _split_ref(args.ref)
+    tree = ctx.settings.catalog().lineage(name, version)
+
+    def render(node: dict[str, Any], depth: int) -> list[str]:
+        label = f"{node['name']}@{node['version']}"
+        if node.get("missing"):
+            label += " (missing from catalog)"
+        else:
+            label += f" ({node.get('kind')})"
+        out = ["  " * depth + label]
+        out += ["  " * (depth + 1) + f"source {s.get('uri', s)}" for s in node.get("sources", [])]
+        for parent in node.get("parents", []):
+            out += render(parent, depth + 1)
+        return out
+
+    ctx.emit(tree, render(tree, 0))
+    return 0
+
+
+def cmd_gc(ctx: Context, args: argparse.Namespace) -> int:
+    catalog = ctx.settings.catalog()
+    removed = catalog.gc() if catalog.is_local else catalog.gc_urls()
+    ctx.emit(
+        {"removed": [str(p) for p in removed]},
+        [f"removed {p}" for p in removed] or ["nothing to remove"],
+    )
+    return 0
+
+
+def cmd_reindex(ctx: Context, args: argparse.Namespace) -> int:
+    count = ctx.settings.catalog().reindex()
+    ctx.emit({"versions": count}, [f"indexed {count} versions"])
+    return 0
+
+
+Handler = Callable[[Context, argparse.Namespace], int]
+ACTIONS: dict[str, tuple[Handler, str, str | None]] = {
+    "list": (cmd_list, "every dataset and model with its latest version", None),
+    "show": (cmd_show, "one version's manifest (default: the latest)", "NAME[@VERSION]"),
+    "verify": (
+        cmd_verify,
+        "recompute every file's digest; non-zero exit on damage",
+        "[NAME[@VERSION]]",
+    ),
+    "lineage": (cmd_lineage, "the tree of parents back to the raw sources", "NAME[@VERSION]"),
+    "gc": (cmd_gc, "remove leftover staging and uncommitted files", None),
+    "reindex": (cmd_reindex, "rebuild the index from the manifests", None),
+}
+
+
+def register(commands: Any, common: argparse.ArgumentParser) -> None:
+    catalog = commands.add_parser("catalog", help="list, show, verify dataset and model versions")
+    actions = catalog.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, (handler, help_text, ref) in ACTIONS.items():
+        sub = actions.add_parser(action, parents=[common], help=help_text)
+        if ref is not None:
+            sub.add_argument("ref", metavar=ref, nargs="?" if ref.startswith("[") else None)
+        sub.set_defaults(handler=handler)

@@ -1,0 +1,190 @@
+"""`shardflow ingest | preprocess | train | run | synth`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from flows import options, results
+from flows.console import Context
+from preprocessing import datasets
+
+
+def _dataset_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dataset",
+        choices=datasets.NAMES,
+        metavar="DATASET",
+        help=f"one of: {', '.join(datasets.NAMES)}",
+    )
+
+
+def _ingest_request(args: argparse.Namespace) -> Any:
+    from preprocessing.datasets import IngestRequest, SkyServerOptions
+
+    skyserver = options.build(SkyServerOptions, args, "skyserver")
+    return options.build(IngestRequest, args, "ingest", skyserver=skyserver)
+
+
+def _job_options(args: argparse.Namespace) -> Any:
+    from preprocessing.config import JobOptions
+    from preprocessing.plan import PlanConfig
+
+    return options.build(JobOptions, args, "job", plan=options.build(PlanConfig, args, "plan"))
+
+
+def _cluster(args: argparse.Namespace) -> Any:
+    from preprocessing.config import ClusterConfig
+
+    return options.build(ClusterConfig, args, "cluster")
+
+
+def _train_config(args: argparse.Namespace) -> Any:
+    from training.config import TrainConfig
+
+    return options.build(TrainConfig, args, "train")
+
+
+def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
+    from flows import stages
+
+    request, cluster = _ingest_request(args), _cluster(args)
+    with ctx.pass_progress() as on_progress:
+        result = stages.ingest(
+            ctx.settings,
+            args.dataset,
+            request,
+            cluster=cluster,
+            progress=ctx.progress,
+            on_progress=on_progress,
+        )
+    ctx.emit(result, [results.ingest_summary(result)])
+    return 0
+
+
+def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
+    from flows import stages
+
+    options, cluster = _job_options(args), _cluster(args)
+    with ctx.pass_progress() as on_progress:
+        result = stages.preprocess(
+            ctx.settings,
+            args.dataset,
+            options=options,
+            cluster=cluster,
+            progress=ctx.progress,
+            on_progress=on_progress,
+        )
+    ctx.emit(result, [results.preprocess_summary(result)])
+    return 0
+
+
+def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
+    from flows import stages
+
+    result = stages.train(ctx.settings, args.dataset, _train_config(args), progress=ctx.progress)
+    ctx.emit(result, [results.train_summary(result)])
+    return 0
+
+
+def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
+    from flows.prefect_server import api_for_this_command
+
+    # Every option is checked before any stage runs (or any server starts).
+    request, job, cluster, train = (
+        _ingest_request(args),
+        _job_options(args),
+        _cluster(args),
+        _train_config(args),
+    )
+    if not ctx.verbose:
+        # Prefect's console log stays quiet (the flow run's logs still reach its API and UI).
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    if ctx.debug:
+        os.environ["SHARDFLOW_DEBUG"] = "1"
+    with api_for_this_command(ctx.settings.home / "logs", ctx.progress):
+        from flows.pipeline import pipeline
+
+        result = pipeline(
+            dataset=args.dataset,
+            home=str(ctx.settings.home),
+            source=request.source,
+            skyserver=request.skyserver,
+            workers=cluster.workers,
+            scheduler=cluster.scheduler,
+            memory_limit=cluster.memory_limit,
+            options=job,
+            train=train,
+        )
+    ctx.emit(result, [results.train_summary(result)])
+    return 0
+
+
+def cmd_synth(ctx: Context, args: argparse.Namespace) -> int:
+    from preprocessing.datasets import SynthRequest
+
+    request = options.build(SynthRequest, args, "synth")
+    request = replace(request, out=Path(request.out).expanduser().resolve())
+    paths = datasets.dataset(args.dataset).synth(request)
+    ctx.emit(
+        {
+            "dataset": args.dataset,
+            "synthetic": True,
+            "rows": request.rows,
+            "files": [str(p) for p in paths],
+        },
+        [
+            f"wrote {request.rows:,} synthetic {args.dataset} rows in {len(paths)} files under "
+            f"{request.out}"
+        ],
+    )
+    return 0
+
+
+def register(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add the stage commands to the ``commands`` subparsers."""
+    ingest = commands.add_parser(
+        "ingest", parents=[common], help="fetch raw data into a new raw version"
+    )
+    _dataset_argument(ingest)
+    for group in ("ingest", "skyserver", "cluster"):
+        options.add_flags(ingest, group)
+    ingest.set_defaults(handler=cmd_ingest)
+
+    preprocess = commands.add_parser(
+        "preprocess",
+        parents=[common],
+        help="latest raw version → Parquet or Petastorm shards on Dask",
+    )
+    _dataset_argument(preprocess)
+    for group in ("plan", "job", "cluster"):
+        options.add_flags(preprocess, group)
+    preprocess.set_defaults(handler=cmd_preprocess)
+
+    train = commands.add_parser(
+        "train", parents=[common], help="train with horovodrun on the processed shards"
+    )
+    _dataset_argument(train)
+    options.add_flags(train, "train")
+    train.set_defaults(handler=cmd_train)
+
+    run = commands.add_parser(
+        "run", parents=[common], help="ingest, preprocess and train as one Prefect flow run"
+    )
+    _dataset_argument(run)
+    for group in ("ingest", "skyserver", "plan", "job", "cluster", "train"):
+        options.add_flags(run, group)
+    run.set_defaults(handler=cmd_run)
+
+    synth = commands.add_parser(
+        "synth",
+        parents=[common],
+        help="write synthetic data marked synthetic: calibrated SDSS exports (CasJobs style), "
+        "or image sets made from real images",
+    )
+    _dataset_argument(synth)
+    options.add_flags(synth, "synth")
+    synth.set_defaults(handler=cmd_synth)

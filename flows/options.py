@@ -1,0 +1,374 @@
+"""The one place that maps configuration fields to command-line flags.
+
+Every option of a stage is a field of its config dataclass (``ClusterConfig``, ``JobOptions``
+and ``PlanConfig``, ``TrainConfig``, ``SkyServerOptions``, ``IngestRequest``,
+``SynthRequest``); its default is the dataclass's, its flag is declared here once, and a
+:class:`~data_catalog.errors.ConfigError` naming the field is shown with the flag
+(``num_ranks`` → ``--np``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def finite_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flag:
+    """How one config field appears on the command line."""
+
+    field: str
+    flag: str
+    help: str
+    type: Callable[[str], Any] = str
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    switch: bool = False
+    """A flag without a value that sets the field to True."""
+    default_help: str | None = None
+    """What the help says of the default, when the value alone would not tell."""
+
+
+@functools.cache
+def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
+    """Each config class with the flags of the fields a user may set, by a short name."""
+    from preprocessing.config import ClusterConfig, JobOptions, usable_cores
+    from preprocessing.datasets import DATASETS, IngestRequest, SkyServerOptions, SynthRequest
+    from preprocessing.plan import PlanConfig
+    from training.config import TrainConfig
+    from training.models import MODELS
+
+    return {
+        "ingest": (
+            IngestRequest,
+            (
+                Flag(
+                    field="source",
+                    flag="--source",
+                    metavar="URI",
+                    help="where the raw files are; "
+                    + "; ".join(f"{d.name}: {d.source_help}" for d in DATASETS.values()),
+                    default_help="the dataset's default source",
+                ),
+            ),
+        ),
+        "skyserver": (
+            SkyServerOptions,
+            (
+                Flag(
+                    field="url",
+                    flag="--skyserver-url",
+                    metavar="URL",
+                    help="sdss without --source: SkyServer base URL, for mirrors",
+                ),
+                Flag(
+                    field="data_release",
+                    flag="--data-release",
+                    type=whole_number,
+                    metavar="N",
+                    help="sdss without --source: data release",
+                ),
+                Flag(
+                    field="limit",
+                    flag="--limit",
+                    type=whole_number,
+                    metavar="N",
+                    help="sdss without --source: fetch at most N rows",
+                    default_help="all that match",
+                ),
+                Flag(
+                    field="concurrency",
+                    flag="--skyserver-queries",
+                    type=whole_number,
+                    metavar="N",
+                    help="sdss without --source: SkyServer queries in flight at once, over "
+                    "separate objid ranges (a shared public service: keep it low)",
+                ),
+            ),
+        ),
+        "plan": (
+            PlanConfig,
+            (
+                Flag(
+                    field="rank_multiple",
+                    flag="--rank-multiple",
+                    type=whole_number,
+                    metavar="M",
+                    help="training row groups are equal and their count a multiple of M, so "
+                    "that up to M ranks (any divisor of M) get equal, whole row groups",
+                ),
+                Flag(
+                    field="remainder",
+                    flag="--remainder",
+                    choices=("drop", "pad"),
+                    help="training rows that do not fill equal row groups: drop them (every "
+                    "sample read once per epoch) or pad by repeating the first rows; counted "
+                    "in the manifest",
+                ),
+                Flag(
+                    field="target_rows_per_group",
+                    flag="--rows-per-group",
+                    type=whole_number,
+                    metavar="N",
+                    help="target rows per row group, the unit a rank reads",
+                ),
+            ),
+        ),
+        "job": (
+            JobOptions,
+            (
+                Flag(
+                    field="format",
+                    flag="--format",
+                    choices=("parquet", "petastorm"),
+                    help="parquet (petastorm make_batch_reader) or a Petastorm dataset with a "
+                    "Unischema (make_reader)",
+                    default_help="petastorm for cifar10, parquet for the others",
+                ),
+                Flag(
+                    field="validation_fraction",
+                    flag="--validation-fraction",
+                    type=finite_number,
+                    metavar="F",
+                    help="share of the training source hashed (by sample id) into the "
+                    "validation split",
+                    default_help="0.05 for images, 0.1 for sdss",
+                ),
+                Flag(
+                    field="test_fraction",
+                    flag="--test-fraction",
+                    type=finite_number,
+                    metavar="F",
+                    help="share hashed into the test split, for sources without an official one",
+                    default_help="sdss: 0.1",
+                ),
+            ),
+        ),
+        "cluster": (
+            ClusterConfig,
+            (
+                Flag(
+                    field="workers",
+                    flag="--workers",
+                    type=whole_number,
+                    metavar="N",
+                    help="Dask LocalCluster worker processes, one thread each (ingest: one "
+                    "task per input file; preprocess: one per piece, then one per shard)",
+                    default_help=f"one per usable core, here {usable_cores()}",
+                ),
+                Flag(
+                    field="memory_limit",
+                    flag="--memory-limit",
+                    metavar="SIZE",
+                    help="memory limit of each LocalCluster worker; Dask pauses a worker at "
+                    "80%% of it and restarts it at 95%%",
+                ),
+                Flag(
+                    field="scheduler",
+                    flag="--scheduler",
+                    metavar="ADDRESS",
+                    help="use an existing Dask scheduler (tcp://host:8786) instead of a "
+                    "LocalCluster; its workers must see $SHARDFLOW_HOME",
+                    default_help="a LocalCluster",
+                ),
+            ),
+        ),
+        "train": (
+            TrainConfig,
+            (
+                Flag(
+                    field="num_ranks",
+                    flag="--np",
+                    type=whole_number,
+                    help="Horovod ranks (horovodrun -np)",
+                ),
+                Flag(field="epochs", flag="--epochs", type=whole_number, help="training epochs"),
+                Flag(
+                    field="batch_size",
+                    flag="--batch-size",
+                    type=whole_number,
+                    help="per rank; the global batch is this times --np",
+                ),
+                Flag(
+                    field="model",
+                    flag="--model",
+                    choices=MODELS,
+                    help="images: cnn, mobilenetv2, resnet50 (Keras applications, random "
+                    "init); sdss: dnn",
+                    default_help="the dataset's: cnn for images, dnn for sdss",
+                ),
+                Flag(
+                    field="learning_rate",
+                    flag="--lr",
+                    type=finite_number,
+                    help="learning rate for one rank, scaled by --np",
+                ),
+                Flag(field="seed", flag="--seed", type=whole_number, help="random seed"),
+                Flag(
+                    field="hosts",
+                    flag="--hosts",
+                    metavar="HOST:SLOTS,...",
+                    help="horovodrun -H",
+                    default_help="localhost:NP",
+                ),
+                Flag(
+                    field="hostfile",
+                    flag="--hostfile",
+                    metavar="FILE",
+                    help="horovodrun --hostfile: one 'HOST slots=N' per line, instead of --hosts",
+                ),
+                Flag(
+                    field="controller",
+                    flag="--controller",
+                    choices=("gloo", "mpi"),
+                    help="Horovod's controller: gloo (always built) or mpi (needs Horovod built "
+                    "with MPI)",
+                ),
+                Flag(
+                    field="backward_passes_per_step",
+                    flag="--backward-passes-per-step",
+                    type=whole_number,
+                    metavar="K",
+                    help="sum gradients of K local batches before each allreduce: K times "
+                    "less traffic",
+                ),
+                Flag(
+                    field="compression",
+                    flag="--compression",
+                    choices=("none", "fp16"),
+                    help="compress gradients for allreduce",
+                ),
+                Flag(
+                    field="resume",
+                    flag="--resume",
+                    switch=True,
+                    help="continue an interrupted run of the same configuration from its last "
+                    "checkpoint",
+                ),
+                Flag(
+                    field="augment",
+                    flag="--augment",
+                    switch=True,
+                    help="random shifts of up to 2 pixels while training, for small training sets",
+                ),
+                Flag(
+                    field="timeline",
+                    flag="--timeline",
+                    switch=True,
+                    help="record Horovod's timeline (chrome://tracing JSON) in the run directory",
+                ),
+            ),
+        ),
+        "synth": (
+            SynthRequest,
+            (
+                Flag(
+                    field="rows",
+                    flag="--rows",
+                    type=whole_number,
+                    help="rows in all (images: training rows)",
+                ),
+                Flag(
+                    field="test_rows",
+                    flag="--test-rows",
+                    type=whole_number,
+                    help="images: test rows",
+                    default_help="a sixth of --rows (cifar10: a fifth)",
+                ),
+                Flag(
+                    field="source",
+                    flag="--source",
+                    metavar="DIR",
+                    help="images: the pool of real images to draw on",
+                    default_help="fashion-mnist: Debian's dataset-fashion-mnist",
+                ),
+                Flag(field="files", flag="--files", type=whole_number, help="sdss: files"),
+                Flag(field="format", flag="--format", choices=("csv", "fits"), help="sdss"),
+                Flag(field="out", flag="--out", metavar="DIR", help="folder to write into"),
+                Flag(field="seed", flag="--seed", type=whole_number, help="random seed"),
+            ),
+        ),
+    }
+
+
+def flags_of(group: str) -> tuple[Flag, ...]:
+    return _config_flags()[group][1]
+
+
+def flag_for(field: str) -> str:
+    """The command-line flag of a config field, for messages (``num_ranks`` → ``--np``)."""
+    for _cls, flags in _config_flags().values():
+        for flag in flags:
+            if flag.field == field:
+                return flag.flag
+    return field
+
+
+def _default(cls: type[Any], name: str) -> Any:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            return dataclasses.MISSING
+    raise KeyError(f"{cls.__name__} has no field {name}")
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, group: str, *, only: Sequence[str] | None = None
+) -> None:
+    """Add the flags of ``group`` (a key of the table above) to ``parser``, with the config's
+    defaults in their help."""
+    cls, flags = _config_flags()[group]
+    for flag in flags:
+        if only is not None and flag.field not in only:
+            continue
+        default = _default(cls, flag.field)
+        required = default is dataclasses.MISSING
+        shown = flag.default_help or ("" if default is None else str(default))
+        help_text = flag.help + (f" (default: {shown})" if shown and not flag.switch else "")
+        if flag.switch:
+            parser.add_argument(flag.flag, dest=flag.field, action="store_true", help=help_text)
+            continue
+        parser.add_argument(
+            flag.flag,
+            dest=flag.field,
+            type=flag.type,
+            choices=flag.choices,
+            metavar=flag.metavar or (None if flag.choices else flag.flag.lstrip("-").upper()),
+            required=required,
+            default=None if required else default,
+            help=help_text,
+        )
+
+
+def build(cls: type[T], args: argparse.Namespace, group: str, **fixed: Any) -> T:
+    """``cls`` from the flags of ``group`` in ``args`` (and ``fixed`` fields)."""
+    _cls, flags = _config_flags()[group]
+    values = {f.field: getattr(args, f.field) for f in flags if hasattr(args, f.field)}
+    return cls(**values, **fixed)

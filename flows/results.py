@@ -1,0 +1,103 @@
+"""What each stage returns: one JSON-ready shape per stage, and its one-line summary.
+
+The CLI prints these (``--json`` prints the dict), the Prefect flows return them; both get
+them from here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data_catalog import Manifest
+
+
+def ingest_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
+    result = {
+        "dataset": dataset,
+        "version": manifest.version,
+        "rows": manifest.rows,
+        "files": len(manifest.files),
+        "sources": [s.get("uri") or s.get("url") or s.get("file") for s in manifest.sources],
+    }
+    for key in ("train_rows", "test_rows", "pages", "count_reported", "synthetic_rows"):
+        if key in manifest.statistics:
+            result[key] = manifest.statistics[key]
+    return result
+
+
+def ingest_summary(result: dict[str, Any]) -> str:
+    split = (
+        f" ({result['train_rows']:,} train + {result['test_rows']:,} test)"
+        if "train_rows" in result
+        else ""
+    )
+    return (
+        f"{result['dataset']}@{result['version']}: {result['rows']:,} rows{split} "
+        f"in {result['files']} files"
+    )
+
+
+def preprocess_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
+    return {
+        "dataset": dataset,
+        "name": manifest.name,
+        "version": manifest.version,
+        "parent": str(manifest.parents[0]),
+        "rows": manifest.rows,
+        "num_files": len(manifest.files),
+        "format": manifest.schema.get("format", "parquet"),
+        "splits": {
+            split: manifest.statistics[split]
+            for split in ("train", "validation", "test")
+            if split in manifest.statistics
+        },
+        **{
+            key: manifest.statistics[key]
+            for key in ("normalization", "quarantine", "rows_in")
+            if key in manifest.statistics
+        },
+    }
+
+
+def preprocess_summary(result: dict[str, Any]) -> str:
+    splits = ", ".join(
+        f"{int(stats['rows']):,} {split}" for split, stats in result["splits"].items()
+    )
+    quarantined = result.get("quarantine", {}).get("rows")
+    return (
+        f"{result['name']}@{result['version']}: {splits} rows in {result['num_files']} files "
+        f"({result['format']})"
+        + (f"; {quarantined:,} rows quarantined" if quarantined is not None else "")
+    )
+
+
+def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "dataset": dataset,
+        "model_name": manifest.name,
+        "version": manifest.version,
+        "dataset_version": str(manifest.parents[0]),
+        "num_ranks": metrics["num_ranks"],
+        "epochs": metrics["epochs"],
+        "steps_per_epoch": metrics["steps_per_epoch"],
+        "test_accuracy": metrics["test_accuracy"],
+        "test_rows": metrics["test_rows"],
+        "train_seconds": metrics["train_seconds"],
+        "samples_per_second": metrics["samples_per_second"],
+        "history": metrics["history"],
+        "backward_passes_per_step": metrics["backward_passes_per_step"],
+        "compression": metrics["compression"],
+        "allreduce_bytes_per_epoch": metrics["allreduce_bytes_per_epoch"],
+        "allreduce_bytes_by_epoch": metrics.get("allreduce_bytes_by_epoch"),
+        "allreduce_bytes_per_epoch_computed": metrics.get("allreduce_bytes_per_epoch_computed"),
+        "resumed_after_epoch": metrics["resumed_after_epoch"],
+        "run_dir": manifest.extra.get("run_dir"),
+    }
+
+
+def train_summary(result: dict[str, Any]) -> str:
+    return (
+        f"{result['model_name']}@{result['version']}: test accuracy "
+        f"{result['test_accuracy']:.4f} after {result['epochs']} epochs on "
+        f"{result['num_ranks']} ranks ({result['train_seconds']:.1f} s of training)"
+    )

@@ -1,0 +1,100 @@
+"""What a user chooses about a preprocessing run: where the tasks run and what the output is.
+
+Both are frozen and keyword-only, validated at construction, and raise
+:class:`~data_catalog.errors.ConfigError` naming the field (the CLI shows it as its flag).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+from data_catalog.errors import ConfigError
+from preprocessing.plan import PlanConfig
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset
+    narrow), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# Per LocalCluster worker: a shard task needs a few hundred MiB (docs/preprocessing.md).
+DEFAULT_MEMORY_LIMIT = "2GiB"
+# Dask pauses a worker at 80 % of its limit; a worker here peaks near 300 MiB.
+MIN_MEMORY_LIMIT = 512 * 2**20
+# The address forms distributed's comm layer takes for a remote scheduler.
+_SCHEDULER_ADDRESS = re.compile(
+    r"(tcp|tls|ws|wss|ucx)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/?"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """Where the Dask tasks of a stage run."""
+
+    workers: int = field(default_factory=usable_cores)
+    """Worker processes of the LocalCluster, one thread each (default: one per usable core);
+    ignored with ``scheduler``."""
+    scheduler: str | None = None
+    """Address of an existing Dask scheduler (tcp://host:8786); its workers must see the
+    catalog's directory at the same path."""
+    memory_limit: str = DEFAULT_MEMORY_LIMIT
+    """Per-worker memory limit of the LocalCluster, in Dask's notation ("2GiB", "500MB")."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ConfigError(
+                "workers", f"must be a whole number of at least 1, got {self.workers}"
+            )
+        from dask.utils import parse_bytes
+
+        try:
+            limit = parse_bytes(self.memory_limit)
+        except (ValueError, TypeError, KeyError):
+            limit = 0
+        if limit < MIN_MEMORY_LIMIT:
+            raise ConfigError(
+                "memory_limit",
+                f"{self.memory_limit!r}: give a size of at least 512MiB per worker, such as "
+                "2GiB or 1500MB",
+            )
+        if self.scheduler is not None:
+            match = _SCHEDULER_ADDRESS.fullmatch(self.scheduler)
+            if match is None or not 0 < int(match.group(3)) < 65536:
+                raise ConfigError(
+                    "scheduler",
+                    f"{self.scheduler!r} is not a scheduler address; give one like "
+                    "tcp://10.0.0.5:8786",
+                )
+
+
+FORMATS = ("parquet", "petastorm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """What a user chooses about the output (all part of the version's identity)."""
+
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    format: str | None = None
+    """"parquet" (read with petastorm's make_batch_reader) or "petastorm" (a Unischema
+    dataset read with make_reader); None: the dataset's default."""
+    validation_fraction: float | None = None
+    """Share of the training source hashed into the validation split; None: the dataset's
+    default."""
+    test_fraction: float | None = None
+    """Share hashed into the test split, for sources without an official test split."""
+
+    def __post_init__(self) -> None:
+        if self.format is not None and self.format not in FORMATS:
+            raise ConfigError("format", f"{self.format!r} is not one of {', '.join(FORMATS)}")
+        for name in ("validation_fraction", "test_fraction"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and 0 <= value < 1):
+                raise ConfigError(name, f"must be in [0, 1), got {value}")

@@ -1,0 +1,502 @@
+"""The one driver of every stage made of independent tasks plus a commit.
+
+A *job* names the catalog version it makes and runs in passes; each pass is a set of
+independent tasks whose results plan the next pass; a commit turns the files the tasks left
+in the job's folder, and their results, into one catalog version:
+
+    plan (pure) ─▶ job: name, version, passes ("scan", "write")
+        │  the version already in the catalog? return it, doing nothing
+        ▼
+    pass 1 tasks ─▶ results ─▶ pass 2 tasks (planned from pass 1's results) ─▶ results ...
+        │  each task: a plain function of plain arguments, whole-or-absent files, a small
+        │  result dict; a rolling window keeps about two tasks per worker thread in flight
+        ▼
+    commit (in the driver): the job's folder + every pass's results ─▶ one catalog version
+
+How tasks run is an argument: a :class:`Runner` around a Dask client (a LocalCluster or an
+existing scheduler), which the Prefect flows build with Prefect's Dask client so that every
+task is a task run. Nothing here imports Prefect.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from data_catalog import Catalog, Manifest, Staging
+from data_catalog.errors import ShardflowError
+from preprocessing.config import ClusterConfig
+
+Progress = Callable[[str], None]
+Result = dict[str, Any]
+Results = Mapping[str, Sequence[Result]]
+"""Each finished pass's results, in task order, by pass name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """One task: ``fn(*args)`` returns a small, picklable result dict."""
+
+    key: str
+    """Unique in its job, e.g. "write-train-00003"; also the Prefect task-run name."""
+    fn: Callable[..., Result]
+    args: tuple[Any, ...]
+    rows: int = 0
+    """Rows the task handles, as planned (for progress)."""
+    bytes: int = 0
+    """Input bytes the task reads, as planned (for progress)."""
+
+
+class Job(Protocol):
+    """A planned run of one stage (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str | None:
+        """The version it will commit; None when only its inputs' contents will tell (an
+        ingest, whose version derives from the digests its tasks compute)."""
+        ...
+
+    @property
+    def work_key(self) -> str:
+        """Names the job's folder of unfinished work: the same job, the same folder, so that
+        a rerun finds what an interrupted run finished."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """The catalog kind of the version it makes: "raw" or "processed"."""
+        ...
+
+    @property
+    def passes(self) -> tuple[str, ...]:
+        """The pass names, in order."""
+        ...
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> Sequence[TaskSpec]:
+        """The tasks of ``pass_name``, planned from the passes ``done`` before it."""
+        ...
+
+    def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
+        """Put the files of ``work`` into ``stage`` and commit it."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassProgress:
+    """How far one pass has come, reported after every task that finishes."""
+
+    job: str
+    """The job's work key ("<name>-<version>" for preprocessing)."""
+    pass_name: str
+    tasks_done: int
+    tasks_total: int
+    rows_done: int
+    rows_total: int
+    bytes_done: int
+    bytes_total: int
+    seconds: float
+    """Since the pass started."""
+    reused: int = 0
+    """Tasks that found their output already there (an interrupted run's)."""
+    task_key: str = ""
+    """The task that just finished."""
+    result: Result | None = None
+    """Its result."""
+
+    @property
+    def fraction(self) -> float:
+        """Done, by input bytes where the pass knows them, else by rows, else by tasks."""
+        if self.bytes_total:
+            return min(1.0, self.bytes_done / self.bytes_total)
+        if self.rows_total:
+            return min(1.0, self.rows_done / self.rows_total)
+        return self.tasks_done / self.tasks_total if self.tasks_total else 1.0
+
+    @property
+    def eta_seconds(self) -> float | None:
+        if self.fraction <= 0 or self.fraction >= 1:
+            return None
+        return self.seconds * (1 - self.fraction) / self.fraction
+
+    def describe(self) -> str:
+        """One line: "write: 12/64 tasks (write-train-00011), 120,000/640,000 rows, 45.1 MB/s,
+        ETA 2 min"."""
+        done = f" ({self.task_key})" if self.task_key else ""
+        parts = [f"{self.pass_name}: {self.tasks_done}/{self.tasks_total} tasks{done}"]
+        if self.rows_total:
+            parts.append(f"{self.rows_done:,}/{self.rows_total:,} rows")
+        elif self.rows_done:
+            parts.append(f"{self.rows_done:,} rows")
+        if self.bytes_total:
+            parts.append(f"{self.bytes_done / 1e6:,.0f}/{self.bytes_total / 1e6:,.0f} MB")
+            if self.seconds > 0:
+                parts.append(f"{self.bytes_done / self.seconds / 1e6:.1f} MB/s")
+        if self.reused:
+            parts.append(f"{self.reused} kept from an interrupted run")
+        eta = self.eta_seconds
+        if eta is not None:
+            parts.append(f"ETA {_duration(eta)}")
+        return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+OnProgress = Callable[[PassProgress], None]
+
+
+def _process_usage() -> dict[str, float]:
+    import resource
+
+    return {
+        # ru_maxrss is in KiB on Linux.
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "cpu_seconds": time.process_time(),
+    }
+
+
+def plain_submit(client: Any, spec: TaskSpec, key: str) -> Any:
+    """Submit ``spec`` as a plain Dask task."""
+    return client.submit(spec.fn, *spec.args, key=key, pure=False)
+
+
+class Runner:
+    """Runs tasks on a Dask client in one bounded, rolling window.
+
+    ``submit`` turns a task into a Dask future: a plain Dask task by default; the Prefect
+    flows pass one that submits a Prefect task run through Prefect's Dask client.
+    """
+
+    def __init__(
+        self, client: Any, *, submit: Callable[[Any, TaskSpec, str], Any] = plain_submit
+    ) -> None:
+        self.client = client
+        self._submit = submit
+
+    def usage(self) -> dict[str, Any]:
+        """Peak RSS and CPU seconds of every worker process now (their whole lives)."""
+        per_worker = self.client.run(_process_usage)
+        return {
+            "workers": len(per_worker),
+            "peak_rss_bytes": sorted(int(u["peak_rss_bytes"]) for u in per_worker.values()),
+            "cpu_seconds": sum(float(u["cpu_seconds"]) for u in per_worker.values()),
+        }
+
+    def window(self) -> int:
+        """Tasks in flight: two per worker thread the scheduler has now (at least two), so
+        that a worker finishing one task finds the next one waiting."""
+        workers = self.client.scheduler_info().get("workers", {})
+        threads = sum(int(w.get("nthreads", 1)) for w in workers.values())
+        return max(2, 2 * threads)
+
+    def run(
+        self, tasks: Sequence[TaskSpec], *, run_key: str, on_done: Callable[[int, Result], None]
+    ) -> list[Result]:
+        """Run ``tasks``; results in task order. ``on_done(index, result)`` hears of each.
+
+        A worker that dies mid-task loses nothing: the scheduler runs its task again
+        elsewhere, and tasks write whole-or-absent files. The first task that fails stops the
+        run: the others in flight are cancelled and its error is raised.
+        """
+        from distributed import as_completed
+
+        results: list[Result | None] = [None] * len(tasks)
+        pending = iter(enumerate(tasks))
+        in_flight = as_completed()
+        index_of: dict[str, int] = {}
+
+        def submit_next() -> bool:
+            following = next(pending, None)
+            if following is None:
+                return False
+            index, spec = following
+            future = self._submit(self.client, spec, f"{spec.key}-{run_key}")
+            index_of[future.key] = index
+            in_flight.add(future)
+            return True
+
+        for _ in range(self.window()):
+            if not submit_next():
+                break
+        try:
+            for future in in_flight:
+                index = index_of.pop(future.key)
+                result = future.result()
+                results[index] = result
+                on_done(index, result)
+                # Refill to the window as it is now: workers may have joined or left.
+                while in_flight.count() < self.window() and submit_next():
+                    pass
+        except BaseException:
+            futures = list(in_flight.futures)
+            in_flight.clear()
+            self.client.cancel(futures)
+            raise
+        return [r for r in results if r is not None]
+
+
+class SerialRunner:
+    """Runs tasks one after the other in this process (benchmark baselines, unit tests)."""
+
+    def run(
+        self, tasks: Sequence[TaskSpec], *, run_key: str, on_done: Callable[[int, Result], None]
+    ) -> list[Result]:
+        results = []
+        for index, spec in enumerate(tasks):
+            result = spec.fn(*spec.args)
+            results.append(result)
+            on_done(index, result)
+        return results
+
+
+class TaskRunner(Protocol):
+    def run(
+        self, tasks: Sequence[TaskSpec], *, run_key: str, on_done: Callable[[int, Result], None]
+    ) -> list[Result]: ...
+
+
+def job_dir(work_root: Path, job: Job) -> Path:
+    """The folder of ``job``'s files before the commit (same job, same folder)."""
+    return work_root / job.work_key
+
+
+class _PassTally:
+    """Counts one pass's finished tasks and reports a :class:`PassProgress` after each."""
+
+    def __init__(
+        self, job: Job, pass_name: str, tasks: Sequence[TaskSpec], on_progress: OnProgress
+    ) -> None:
+        self.job = job.work_key
+        self.pass_name = pass_name
+        self.tasks = tasks
+        self.on_progress = on_progress
+        self.started = time.monotonic()
+        self.done = self.rows = self.bytes = self.reused = 0
+
+    def __call__(self, index: int, result: Result) -> None:
+        spec = self.tasks[index]
+        self.done += 1
+        # The rows the task reports (an ingest learns them), else the rows it was planned for.
+        self.rows += int(result.get("rows", spec.rows))
+        self.bytes += spec.bytes
+        self.reused += bool(result.get("reused"))
+        self.on_progress(
+            PassProgress(
+                job=self.job,
+                pass_name=self.pass_name,
+                tasks_done=self.done,
+                tasks_total=len(self.tasks),
+                rows_done=self.rows,
+                rows_total=sum(t.rows for t in self.tasks),
+                bytes_done=self.bytes,
+                bytes_total=sum(t.bytes for t in self.tasks),
+                seconds=time.monotonic() - self.started,
+                reused=self.reused,
+                task_key=spec.key,
+                result=result,
+            )
+        )
+
+
+def run_passes(
+    job: Job,
+    runner: TaskRunner,
+    work: Path,
+    *,
+    on_progress: OnProgress = lambda _p: None,
+) -> dict[str, list[Result]]:
+    """Every pass of ``job``, each planned from the results of those before it."""
+    work.mkdir(parents=True, exist_ok=True)
+    done: dict[str, list[Result]] = {}
+    # Task keys unique to this run: two drivers sharing a scheduler never share a task.
+    run_key = f"{job.work_key}-{uuid.uuid4().hex[:8]}"
+    for pass_name in job.passes:
+        tasks = job.tasks(pass_name, done, work)
+        tally = _PassTally(job, pass_name, tasks, on_progress)
+        done[pass_name] = runner.run(tasks, run_key=f"{pass_name}-{run_key}", on_done=tally)
+    return done
+
+
+RunnerFactory = Callable[[], AbstractContextManager[TaskRunner]]
+"""Starts the way tasks run (a Dask cluster, say) only when there is work to do."""
+
+
+def run_job(
+    catalog: Catalog,
+    job: Job,
+    *,
+    runner: RunnerFactory,
+    work_root: Path | None = None,
+    progress: Progress = lambda _msg: None,
+    on_progress: OnProgress | None = None,
+    on_usage: Callable[[dict[str, Any]], None] | None = None,
+) -> Manifest:
+    """Run ``job``'s passes and commit its version; the existing version, doing no work (and
+    starting no cluster), when the catalog already holds it.
+
+    ``on_usage`` hears the workers' peak RSS and CPU seconds (and this process's) once the
+    tasks are done. With ``work_root``, the job's files wait in ``work_root/<work key>`` until
+    the commit, so that a rerun after a crash keeps what the crashed run finished; without it, in
+    a folder beside the staging that goes with it.
+    """
+    if _existing(catalog, job, progress):
+        return catalog.get(job.name, job.version)
+    report = on_progress or (lambda p: progress(p.describe()))
+    with _one_run_at_a_time(job, work_root, progress):
+        # Another run of the same job may have committed while this one waited.
+        if _existing(catalog, job, progress):
+            return catalog.get(job.name, job.version)
+        with runner() as tasks_runner, catalog.stage(job.name, kind=job.kind) as stage:
+            # Beside staging, never inside it: staging is what gets committed.
+            work = (
+                job_dir(work_root, job)
+                if work_root is not None
+                else stage.path.with_name(stage.path.name + ".work")
+            )
+            try:
+                done = run_passes(job, tasks_runner, work, on_progress=report)
+                usage = getattr(tasks_runner, "usage", None)
+                if on_usage is not None and usage is not None:
+                    on_usage({**usage(), "driver": _process_usage()})
+                manifest = job.commit(stage, done, work)
+                # The version the job promised is the one it committed (else the check above
+                # could never find it, and every rerun would redo the work).
+                assert job.version in (None, manifest.version), (manifest.version, job.version)
+            finally:
+                if work_root is None:
+                    shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def _existing(catalog: Catalog, job: Job, progress: Progress) -> bool:
+    if job.version is None or not catalog.exists(job.name, job.version):
+        return False
+    progress(f"{job.name}@{job.version} already in the catalog; nothing to do")
+    return True
+
+
+@contextmanager
+def _one_run_at_a_time(job: Job, work_root: Path | None, progress: Progress) -> Iterator[None]:
+    """Hold the job's lock in ``work_root`` while it runs: a second run of the same job (a
+    schedule meeting a manual run) waits for the first instead of sharing its folder."""
+    if work_root is None:
+        yield
+        return
+    import fcntl
+
+    locks = work_root / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{job.work_key}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another run of {job.work_key} to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def run_locally(job: Job, work: Path) -> dict[str, list[Result]]:
+    """Every pass in this process, one task after the other (the benchmark's baseline)."""
+    return run_passes(job, SerialRunner(), work)
+
+
+@contextmanager
+def dask_client(
+    config: ClusterConfig,
+    progress: Progress = lambda _msg: None,
+    *,
+    client_class: Any = None,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Any]:
+    """A Dask client on an existing scheduler or on a fresh LocalCluster.
+
+    ``client_class`` replaces ``distributed.Client`` (the flows pass Prefect's); ``env`` is
+    set in the LocalCluster's worker processes. Workers log at WARNING and above: their
+    start and stop lines are not the stage's progress.
+    """
+    from distributed import Client, LocalCluster
+
+    client_class = client_class or Client
+    if config.scheduler is not None:
+        try:
+            client = client_class(config.scheduler, timeout="10s")
+        except OSError as exc:
+            raise ShardflowError(f"cannot reach Dask scheduler {config.scheduler}: {exc}") from exc
+        with client:
+            progress(f"dask: using scheduler {config.scheduler}, dashboard {client.dashboard_link}")
+            yield client
+        return
+    with (
+        LocalCluster(
+            n_workers=config.workers,
+            threads_per_worker=1,
+            processes=True,
+            memory_limit=config.memory_limit,
+            dashboard_address="127.0.0.1:0",
+            host="127.0.0.1",
+            silence_logs=logging.WARNING,
+            env=dict(env or {}),
+        ) as cluster,
+        client_class(cluster) as client,
+    ):
+        # The workers print to this command's stderr: a task's failure is raised here, in one
+        # line, not also logged there with its traceback.
+        client.register_plugin(_quiet_task_failures_plugin()())
+        progress(
+            f"dask: LocalCluster with {config.workers} workers, dashboard {client.dashboard_link}"
+        )
+        yield client
+
+
+def _not_a_task_failure(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Compute Failed")
+
+
+def _quiet_task_failures_plugin() -> Any:
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class Plugin(WorkerPlugin):
+        name = "shardflow-quiet-task-failures"
+
+        def setup(self, worker: Any) -> None:
+            logging.getLogger("distributed.worker").addFilter(_not_a_task_failure)
+
+    return Plugin
+
+
+@contextmanager
+def dask_runner(
+    config: ClusterConfig,
+    progress: Progress = lambda _msg: None,
+    *,
+    client_class: Any = None,
+    submit: Callable[[Any, TaskSpec, str], Any] = plain_submit,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Runner]:
+    """A :class:`Runner` on the cluster ``config`` describes, for as long as the block runs."""
+    with dask_client(config, progress, client_class=client_class, env=env) as client:
+        yield Runner(client, submit=submit)
+
+
+def serial_runner() -> AbstractContextManager[TaskRunner]:
+    """Tasks one after the other in this process."""
+    return nullcontext(SerialRunner())

@@ -1,0 +1,733 @@
+"""One CasJobs export file into one Parquet file: the per-file task of the Dask ingest.
+
+url (a local path or any fsspec URL) ── read once, streaming; every byte read is hashed
+    │  CSV      the header matched here (optional "#Table1" line, UTF-8 BOM); the rows parsed by
+    │           pyarrow.csv on one thread with explicit types: ids uint64 (exact, never float),
+    │           floats float64 (empty, nan, inf kept as NaN / inf), text string
+    │  FITS     astropy memory-maps a local file (hashed on its own); a remote one is first
+    │           copied beside ``out``, hashed while copied
+    │  VOTable  astropy parses the same hashing stream
+    ▼
+<out>.<pid>-<token>.partial ── row groups of exactly 100,000 rows (the last smaller): the bytes
+    │  depend on the rows only, not on how they arrived; hashed while written, fsynced;
+    │  removed on any failure
+    ▼
+out (renamed whole) + a small dict of digests and counts for the driver to commit
+
+Parallelism comes from running many of these tasks at once (one per input file, on single-
+threaded Dask workers), so nothing here starts threads of its own.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+import re
+import secrets
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from data_catalog import Catalog, FileEntry, Manifest, Staging
+from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
+from preprocessing.shard_files import HashingSink, crash_point, record_result, recorded_result
+from preprocessing.sources.errors import SourceError
+from preprocessing.sources.fetch import sha256_file
+from preprocessing.sources.inputs import InputFile, list_inputs
+from preprocessing.sources.sdss import (
+    _IDENT,
+    FLOAT64,
+    OPTIONAL,
+    SCHEMA,
+    STRING,
+    UINT64,
+    _arrow_table,
+    _one_line,
+    _parse_uint64,
+)
+
+__all__ = [
+    "ROW_GROUP_ROWS",
+    "ExportsJob",
+    "convert_export",
+    "ingest_exports",
+    "output_schema",
+    "plan_ingest",
+]
+
+# Downstream preprocessing takes a raw file's row groups as its pieces.
+ROW_GROUP_ROWS = 100_000
+
+_ARROW_TYPES = {UINT64: pa.uint64(), FLOAT64: pa.float64(), STRING: pa.string()}
+# Bytes asked of the input at a time (also pyarrow's CSV block size).
+_READ_BLOCK = 1 << 20
+# A header line longer than this is not a CasJobs header.
+_HEADER_LIMIT = 1 << 16
+# Written explicitly so that a change of pyarrow's defaults cannot change the output bytes
+# silently. Dictionaries only for the text columns: the float columns are nearly all distinct,
+# and a 100,000-row group of them stays under the dictionary page limit, so pyarrow would
+# dictionary-encode them to no gain.
+_PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "snappy",
+    "use_dictionary": ["class", "provenance"],
+    "write_statistics": True,
+    "version": "2.6",
+    "data_page_version": "1.0",
+}
+
+_CONVERSION_ERROR = re.compile(
+    r"In CSV column #(\d+): Row #(\d+): CSV conversion error to (\w+): "
+    r"(?:invalid value '(.*)'|(.*))",
+    re.DOTALL,
+)
+_ROW_ERROR = re.compile(r"Row #(\d+): Expected (\d+) columns, got (\d+)")
+_FLOATLIKE = re.compile(r"[-+]?[0-9]*\.?[0-9]*[eE.][-+]?[0-9]*")
+
+
+def output_schema(schema: Mapping[str, str]) -> pa.Schema:
+    """The Parquet schema of a raw export file, as ``sdss._arrow_table`` builds it."""
+    return pa.schema(
+        [pa.field(name, _ARROW_TYPES[kind], nullable=False) for name, kind in schema.items()]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Input and output streams that hash what passes through them
+
+
+class _HashingReader:
+    """A read-only stream over ``source`` that hashes and counts every byte it reads from it.
+
+    ``readline`` keeps what it read past the line; ``read`` hands that out first.
+    """
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self._held = b""
+        self._hash = hashlib.sha256()
+        self.bytes = 0
+        self.closed = False
+
+    def _pull(self, size: int) -> bytes:
+        chunk = self._source.read(size)
+        self._hash.update(chunk)
+        self.bytes += len(chunk)
+        return chunk
+
+    def read(self, size: int = -1) -> bytes:
+        if self._held:
+            if size < 0 or size >= len(self._held):
+                chunk, self._held = self._held, b""
+            else:
+                chunk, self._held = self._held[:size], self._held[size:]
+            return chunk
+        if size < 0:
+            return b"".join(iter(lambda: self._pull(_READ_BLOCK), b""))
+        return self._pull(size)
+
+    def readline(self, limit: int) -> bytes:
+        """The next line with its end, or what is left; at most ``limit`` bytes searched."""
+        while b"\n" not in self._held and len(self._held) < limit:
+            chunk = self._pull(_READ_BLOCK)
+            if not chunk:
+                break
+            self._held += chunk
+        end = self._held.find(b"\n", 0, limit)
+        end = len(self._held) if end < 0 else end + 1
+        line, self._held = self._held[:end], self._held[end:]
+        return line
+
+    def drain(self) -> None:
+        """Read (and hash) whatever the consumer left unread."""
+        self._held = b""
+        while self._pull(_READ_BLOCK):
+            pass
+
+    def digest(self) -> str:
+        return self._hash.hexdigest()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.bytes - len(self._held)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats and columns
+
+
+FORMATS = {
+    ".csv": "csv",
+    ".fits": "fits",
+    ".fit": "fits",
+    ".fts": "fits",
+    ".vot": "votable",
+    ".votable": "votable",
+    ".xml": "votable",
+}
+
+
+def export_format(path: Path) -> str | None:
+    return FORMATS.get(path.suffix.lower())
+
+
+def match_columns(names: Sequence[str], where: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Map export column names onto SCHEMA (+ OPTIONAL), case-insensitively.
+
+    Returns (canonical name -> name in the file, canonical schema of this file).
+
+    Only letter case is mapped (objID, specObjID, petroMag_u ... as CasJobs spells them). The
+    spectroscopic redshift must be called ``redshift``: a bare ``z`` is the z-band magnitude,
+    and an export with both as ``z`` is refused as a duplicate column, since which is which
+    cannot be told from the file."""
+    for name in names:
+        if not _IDENT.fullmatch(name):
+            raise SourceError(f"{where}: column name {name[:40]!r} is not a plain identifier")
+    by_lower: dict[str, str] = {}
+    for name in names:
+        if name.lower() in by_lower:
+            raise SourceError(f"{where}: column {name!r} appears twice (ignoring case)")
+        by_lower[name.lower()] = name
+    wanted = {**SCHEMA, **OPTIONAL}
+    known = {n.lower() for n in wanted}
+    missing = [n for n in SCHEMA if n.lower() not in by_lower]
+    unexpected = [n for n in names if n.lower() not in known]
+    if missing or unexpected:
+        raise SourceError(
+            f"{where}: columns differ from the expected schema: "
+            + "; ".join(
+                part
+                for part in (
+                    f"missing {', '.join(missing)}" if missing else "",
+                    f"unexpected {', '.join(unexpected)}" if unexpected else "",
+                )
+                if part
+            )
+        )
+    mapping = {n: by_lower[n.lower()] for n in wanted if n.lower() in by_lower}
+    return mapping, {n: wanted[n] for n in mapping}
+
+
+def table_column(table: Any, name: str, kind: str, where: str) -> npt.NDArray[Any] | list[str]:
+    column = table[name]
+    if getattr(column, "mask", None) is not None and np.any(column.mask):
+        raise SourceError(f"{where}: column {name} has null values")
+    values = np.asarray(column)
+    dtype = values.dtype
+    if kind == UINT64:
+        if dtype.kind == "u":
+            return values.astype(np.uint64)
+        if dtype.kind == "i":
+            if values.size and int(values.min()) < 0:
+                raise SourceError(
+                    f"{where}: column {name} is signed {dtype.name} with negative values; "
+                    "64-bit ids must be exported unsigned or as text"
+                )
+            return values.astype(np.uint64)
+        if dtype.kind in "USO":
+            text = values.astype(str)
+            return np.array(
+                [_parse_uint64(v, where, name, r) for r, v in enumerate(text.tolist(), 1)],
+                dtype=np.uint64,
+            )
+        raise SourceError(
+            f"{where}: column {name} is {dtype.name}, not an integer; 64-bit ids lose digits as "
+            "floats, re-export it as bigint or text"
+        )
+    if kind == FLOAT64:
+        if dtype.kind not in "iuf":
+            raise SourceError(f"{where}: column {name} is {dtype.name}, not a number")
+        return values.astype(np.float64)
+    if dtype.kind not in "USO":
+        raise SourceError(f"{where}: column {name} is {dtype.name}, not text")
+    return [str(v).strip() for v in values.astype(str).tolist()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _format(url: str) -> str:
+    fmt = export_format(Path(urllib.parse.urlsplit(url).path if "://" in url else url))
+    if fmt is None:
+        raise SourceError(f"{url}: not a CSV, FITS or VOTable file (by its suffix)")
+    return fmt
+
+
+def _open(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """(fsspec filesystem, path in it) of ``url``."""
+    import fsspec
+
+    options = dict(storage_options or {})
+    if url.startswith(("http://", "https://")):
+        # One streamed GET: with a block size fsspec fetches ranges, and a server that ignores
+        # Range would send the whole file for every block.
+        options.setdefault("block_size", 0)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError) as exc:
+        raise SourceError(f"{url}: cannot open: {exc}") from exc
+    return fs, str(path)
+
+
+def _open_error(url: str, exc: OSError) -> SourceError:
+    if isinstance(exc, FileNotFoundError):
+        return SourceError(f"{url}: no such file")
+    return SourceError(f"{url}: cannot read: {exc}")
+
+
+def _csv_header(stream: _HashingReader, where: str) -> list[str]:
+    """The column names of the header line, after an optional "#Table1" line and BOM."""
+
+    def line() -> str:
+        raw = stream.readline(_HEADER_LIMIT)
+        if raw and not raw.endswith(b"\n") and len(raw) >= _HEADER_LIMIT:
+            raise SourceError(f"{where}: header line longer than {_HEADER_LIMIT:,} bytes")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"{where}: unreadable CSV header: {exc}") from exc
+
+    first = line().removeprefix("\ufeff")
+    if first.strip() == "#Table1":
+        first = line()
+    if not first.strip():
+        raise SourceError(f"{where}: empty file, no header line")
+    try:
+        header = next(csv.reader([first.rstrip("\r\n")], strict=True))
+    except csv.Error as exc:
+        raise SourceError(f"{where}: unreadable CSV header: {exc}") from exc
+    return [name.strip() for name in header]
+
+
+def _csv_error(
+    exc: pa.ArrowInvalid, invalid: Sequence[Any], names: Sequence[str], where: str
+) -> SourceError:
+    """One line naming the file, the row (numbered from the first data row) and the column."""
+    message = str(exc)
+    if invalid and invalid[0].number is not None:
+        row = invalid[0]
+        return SourceError(
+            f"{where}: row {row.number} has {row.actual_columns} fields, "
+            f"header has {row.expected_columns}"
+            + (f" ({_one_line(row.text, 80)})" if row.text else "")
+        )
+    if match := _ROW_ERROR.search(message):
+        number, expected, actual = match.groups()
+        return SourceError(f"{where}: row {number} has {actual} fields, header has {expected}")
+    if match := _CONVERSION_ERROR.search(message):
+        index, number, kind, value, reason = match.groups()
+        name = names[int(index)]
+        if value is None:
+            return SourceError(f"{where}: {name} in row {number}: {_one_line(reason)}")
+        shown = repr(value[:30])
+        if kind == "uint64":
+            hint = ""
+            if _FLOATLIKE.fullmatch(value.strip()):
+                hint = "; 64-bit ids lose digits as floats, re-export them as bigint or text"
+            return SourceError(f"{where}: {name} in row {number} is {shown}, not a uint64{hint}")
+        return SourceError(f"{where}: {name} in row {number} is {shown}, not a number")
+    return SourceError(f"{where}: unreadable CSV: {_one_line(message)}")
+
+
+def _typed_batch(
+    batch: pa.RecordBatch,
+    schema: Mapping[str, str],
+    target: pa.Schema,
+    where: str,
+    first_row: int,
+) -> pa.RecordBatch:
+    """The batch in the output's column order and types: float nulls (empty cells) as NaN,
+    text trimmed; an empty id is refused."""
+    arrays = []
+    for name, kind in schema.items():
+        column = batch.column(name)
+        if kind == STRING:
+            column = pc.utf8_trim_whitespace(column)
+        elif column.null_count:
+            if kind == UINT64:
+                row = first_row + pc.index(column.is_null(), True).as_py()
+                raise SourceError(f"{where}: {name} in row {row} is empty, not a uint64")
+            column = column.fill_null(math.nan)
+        arrays.append(column)
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    names = _csv_header(stream, where)
+    mapping, schema = match_columns(names, where)
+    canonical = {in_file: name for name, in_file in mapping.items()}
+    columns = [canonical[name] for name in names]
+    target = output_schema(schema)
+    invalid: list[Any] = []
+
+    def refuse(row: Any) -> str:
+        invalid.append(row)
+        return "error"
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        first_row = 1
+        try:
+            # The header was consumed above: pyarrow numbers the data rows from 1, as we do.
+            reader = pcsv.open_csv(
+                stream,
+                read_options=pcsv.ReadOptions(
+                    use_threads=False, block_size=_READ_BLOCK, column_names=columns
+                ),
+                parse_options=pcsv.ParseOptions(invalid_row_handler=refuse),
+                convert_options=pcsv.ConvertOptions(
+                    column_types={name: _ARROW_TYPES[schema[name]] for name in columns},
+                    # Only an empty cell is null (NaN in a float column, refused for an id);
+                    # pyarrow's default list would turn "nan", "NULL", "NA" ... into nulls too.
+                    null_values=[""],
+                    strings_can_be_null=False,
+                ),
+            )
+            for batch in reader:
+                yield _typed_batch(batch, schema, target, where, first_row)
+                first_row += batch.num_rows
+        except pa.ArrowInvalid as exc:
+            if "Empty CSV file" in str(exc):
+                return
+            raise _csv_error(exc, invalid, columns, where) from None
+
+    return target, batches()
+
+
+def _astropy_batches(
+    source: Path | _HashingReader, fmt: str, where: str
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """As ``sdss._astropy_chunks``, from a path or a stream, naming ``where`` in errors."""
+    from astropy.table import Table
+
+    try:
+        if fmt == "fits":
+            table = Table.read(source, format="fits", memmap=True, character_as_bytes=False)
+        else:
+            table = Table.read(source, format="votable")
+    except SourceError:
+        raise
+    except Exception as exc:  # astropy raises many kinds for a corrupt file
+        raise SourceError(f"{where}: unreadable {fmt.upper()}: {_one_line(str(exc))}") from exc
+    mapping, schema = match_columns(list(table.colnames), where)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        # FITS columns stay memory-mapped where astropy can: one row group converted at a time.
+        for start in range(0, len(table), ROW_GROUP_ROWS):
+            part = table[start : start + ROW_GROUP_ROWS]
+            columns = {}
+            for name, kind in schema.items():
+                try:
+                    columns[name] = table_column(part, mapping[name], kind, where)
+                except (UnicodeError, ValueError, TypeError) as exc:
+                    raise SourceError(
+                        f"{where}: column {mapping[name]}: {_one_line(str(exc))}"
+                    ) from exc
+            yield from _arrow_table(columns, schema).to_batches()
+
+    return output_schema(schema), batches()
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+class _RowGroupWriter:
+    """Writes batches as row groups of exactly ROW_GROUP_ROWS rows, the last one smaller.
+
+    Groups are cut by row count, never where a batch ends, so the bytes do not depend on how
+    the input arrived. Within a group pyarrow 14 writes the same bytes however its columns are
+    chunked (seen, and held by test_same_input_same_bytes_however_read): no copy into one chunk.
+    """
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self._writer = writer
+        self._held: list[pa.RecordBatch] = []
+        self._held_rows = 0
+        self.rows = 0
+        self.row_groups = 0
+        self.synthetic_rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if "provenance" in batch.schema.names:
+            synthetic = pc.sum(pc.equal(batch.column("provenance"), "synthetic")).as_py()
+            self.synthetic_rows += synthetic or 0
+        self._held.append(batch)
+        self._held_rows += batch.num_rows
+        while self._held_rows >= ROW_GROUP_ROWS:
+            self._write(ROW_GROUP_ROWS)
+
+    def finish(self) -> None:
+        if self._held_rows:
+            self._write(self._held_rows)
+
+    def _write(self, rows: int) -> None:
+        held = pa.Table.from_batches(self._held)
+        group = held.slice(0, rows)
+        rest = held.slice(rows)
+        self._held = [b for b in rest.to_batches() if b.num_rows]
+        self._held_rows = rest.num_rows
+        self._writer.write_table(group, row_group_size=rows)
+        self.rows += rows
+        self.row_groups += 1
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_parquet(
+    out: Path, schema: pa.Schema, batches: Iterator[pa.RecordBatch], where: str
+) -> dict[str, Any]:
+    """Write ``batches`` to ``out`` whole or not at all; the output's digest, size and counts."""
+    partial = out.with_name(f"{out.name}.{os.getpid()}-{secrets.token_hex(6)}.partial")
+    try:
+        with open(partial, "xb") as f:
+            sink = HashingSink(f)
+            writer = pq.ParquetWriter(sink, schema, **_PARQUET_OPTIONS)
+            groups = _RowGroupWriter(writer)
+            try:
+                for batch in batches:
+                    groups.add(batch)
+                groups.finish()
+            finally:
+                writer.close()
+            if groups.rows == 0:
+                raise SourceError(f"{where}: no rows")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _fsync_directory(out.parent)
+    return {
+        "output": {
+            "bytes": sink.bytes,
+            "sha256": sink.digest(),
+            "rows": groups.rows,
+            "row_groups": groups.row_groups,
+        },
+        "synthetic_rows": groups.synthetic_rows,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The task
+
+
+def convert_export(
+    url: str, out: str, *, storage_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Convert one CasJobs export (CSV, FITS or VOTable, by suffix) at ``url`` into Parquet at
+    the local path ``out``, reading the input once.
+
+    Returns ``{"rows", "input": {"sha256", "bytes", "format"}, "output": {"bytes", "sha256",
+    "rows", "row_groups"}, "synthetic_rows"}``; ``out`` exists only when this returns.
+    Refuses (SourceError, one line naming the file, and the row and column where there is one)
+    schema drift, ids that are not exact uint64 (empty, float-mangled, out of range), numbers
+    that are not numbers and rows with the wrong number of fields.
+    """
+    fmt = _format(url)
+    target = Path(out)
+    fs, path = _open(url, storage_options)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if fmt == "fits" and "file" in protocols:
+        # astropy memory-maps a FITS file by path (a stream it would read whole into memory),
+        # so a local one is hashed on its own: a second pass, from the page cache.
+        try:
+            digest, size = sha256_file(Path(path))
+        except OSError as exc:
+            raise _open_error(url, exc) from exc
+        schema, batches = _astropy_batches(Path(path), fmt, url)
+        result = _write_parquet(target, schema, batches, url)
+        return _result(result, digest, size, fmt)
+    try:
+        source = fs.open(path, "rb")
+    except OSError as exc:
+        raise _open_error(url, exc) from exc
+    copy: Path | None = None
+    try:
+        stream = _HashingReader(source)
+        if fmt == "csv":
+            schema, batches = _csv_batches(stream, url)
+        elif fmt == "votable":
+            schema, batches = _astropy_batches(stream, fmt, url)
+        else:
+            # A remote FITS file: copied beside the output (and hashed) for astropy to map.
+            copy = target.with_name(f"{target.name}.{os.getpid()}-{secrets.token_hex(6)}.input")
+            with open(copy, "xb") as f:
+                while chunk := stream.read(_READ_BLOCK):
+                    f.write(chunk)
+            schema, batches = _astropy_batches(copy, fmt, url)
+        expected = getattr(source, "size", None)  # known for local and object-store files
+        checked = _then_drain(batches, stream, expected if isinstance(expected, int) else None, url)
+        result = _write_parquet(target, schema, checked, url)
+    finally:
+        source.close()
+        if copy is not None:
+            copy.unlink(missing_ok=True)
+    return _result(result, stream.digest(), stream.bytes, fmt)
+
+
+def _then_drain(
+    batches: Iterator[pa.RecordBatch], stream: _HashingReader, size: int | None, where: str
+) -> Iterator[pa.RecordBatch]:
+    """``batches``, then the rest of the input read and hashed, its length checked against
+    ``size`` when known; all before the output is renamed."""
+    yield from batches
+    stream.drain()
+    if size is not None and stream.bytes != size:
+        raise SourceError(
+            f"{where}: read {stream.bytes:,} bytes of {size:,}; the file changed while being read"
+        )
+
+
+def _result(written: dict[str, Any], digest: str, size: int, fmt: str) -> dict[str, Any]:
+    return {
+        "rows": written["output"]["rows"],
+        "input": {"sha256": digest, "bytes": size, "format": fmt},
+        **written,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The ingest job: one convert task per export file, then one commit
+
+# Bumped when the bytes convert_export writes change for the same input.
+WRITER_VERSION = 2
+
+
+def is_export(name: str) -> bool:
+    return export_format(Path(name)) is not None
+
+
+def _task_output(work: str, number: int, item: InputFile) -> Path:
+    # The input's stamp in the name: a file that changed since an interrupted run is
+    # converted again, one that did not is kept.
+    return Path(work) / f"{number:05d}-{item.stem}-{item.stamp}.parquet"
+
+
+def convert_task(item: InputFile, number: int, work: str) -> dict[str, Any]:
+    """Convert one export into the job's folder, unless an interrupted run of the same job
+    already converted this state of it (its result is kept beside the output)."""
+    out = _task_output(work, number, item)
+    recorded = recorded_result(out)
+    if recorded is not None:
+        return {**recorded, "reused": True}
+    result = convert_export(item.url, str(out))
+    record_result(out, result)
+    crash_point("after-file", out)
+    return result
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportsJob:
+    """CasJobs exports into a new raw "sdss" version (a :class:`preprocessing.driver.Job`)."""
+
+    source: str
+    inputs: tuple[InputFile, ...]
+    name: str = "sdss"
+    kind: str = "raw"
+    passes: tuple[str, ...] = ("convert",)
+    version: None = None
+    """Known at the commit: the version derives from the inputs' digests."""
+
+    @property
+    def work_key(self) -> str:
+        from data_catalog import code_version
+
+        identity = [code_version(), WRITER_VERSION, sorted(item.url for item in self.inputs)]
+        return f"{self.name}-exports-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
+        return [
+            TaskSpec(
+                key=f"convert-{number:05d}",
+                fn=convert_task,
+                args=(item, number, str(work)),
+                bytes=item.size or 0,
+            )
+            for number, item in enumerate(self.inputs, start=1)
+        ]
+
+    def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
+        sources: list[dict[str, Any]] = []
+        described: dict[str, FileEntry] = {}
+        for number, (item, result) in enumerate(
+            zip(self.inputs, done["convert"], strict=True), start=1
+        ):
+            name = f"{number:05d}-{item.stem}.parquet"
+            stage.adopt(_task_output(str(work), number, item), name)
+            out = result["output"]
+            described[name] = FileEntry(
+                path=name,
+                bytes=int(out["bytes"]),
+                sha256=str(out["sha256"]),
+                rows=int(out["rows"]),
+                row_groups=int(out["row_groups"]),
+            )
+            entry: dict[str, Any] = {
+                "uri": item.uri,
+                "file": name,
+                "format": result["input"]["format"],
+                "sha256": result["input"]["sha256"],
+                "bytes": result["input"]["bytes"],
+                "rows": int(result["rows"]),
+            }
+            # synth.py's rows say so in a provenance column; CasJobs exports have none.
+            marked = int(result["synthetic_rows"])
+            if marked:
+                entry["provenance"] = "synthetic" if marked == entry["rows"] else "mixed"
+            sources.append(entry)
+        total = sum(int(r["rows"]) for r in done["convert"])
+        synthetic = sum(int(r["synthetic_rows"]) for r in done["convert"])
+        manifest: Manifest = stage.commit(
+            sources=sources,
+            parameters={"format": "casjobs-export"},
+            schema={"format": "parquet", "columns": dict(SCHEMA), "optional": dict(OPTIONAL)},
+            statistics={"rows": total, "files": len(sources), "synthetic_rows": synthetic},
+            rows=total,
+            described=described,
+        )
+        return manifest
+
+
+def plan_ingest(source: str) -> ExportsJob:
+    """The ingest of the CasJobs exports (CSV, FITS, VOTable) in ``source``: a directory, a glob
+    or an fsspec URL (reads listings, not files)."""
+    inputs = list_inputs(source, is_export, f"CSV, FITS or VOTable files ({', '.join(FORMATS)})")
+    return ExportsJob(source=source, inputs=tuple(inputs))
+
+
+def ingest_exports(
+    catalog: Catalog, *, source: str, progress: Callable[[str], None] = lambda _msg: None
+) -> Manifest:
+    """The exports in ``source`` into a new raw "sdss" version, in this process (the CLI and
+    the flows run :func:`plan_ingest`'s job on Dask, a task per file)."""
+    return run_job(catalog, plan_ingest(source), runner=serial_runner, progress=progress)

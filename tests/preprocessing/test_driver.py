@@ -1,0 +1,197 @@
+"""The one driver on a real Dask LocalCluster: passes, the rolling window, commits, failures,
+an existing version, and a scheduler of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from distributed import Client, LocalCluster
+
+from data_catalog import Catalog, Manifest, Staging, derived_version
+from data_catalog.errors import ShardflowError
+from preprocessing.config import ClusterConfig
+from preprocessing.driver import (
+    PassProgress,
+    Result,
+    Results,
+    Runner,
+    TaskSpec,
+    dask_runner,
+    run_job,
+    serial_runner,
+)
+
+
+def count_task(number: int, out: str) -> Result:
+    """Pass 1: write a file whose content is the number; say which worker did it."""
+    from distributed import get_worker
+
+    path = Path(out) / f"count-{number:03d}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"number": number}))
+    try:
+        worker = get_worker().address
+    except ValueError:  # not on a Dask worker (the serial runner)
+        worker = "local"
+    return {"number": number, "file": path.name, "worker": worker}
+
+
+def sum_task(numbers: list[int], out: str) -> Result:
+    """Pass 2: planned from pass 1's results."""
+    (Path(out) / "sum.json").write_text(json.dumps({"sum": sum(numbers)}))
+    return {"sum": sum(numbers)}
+
+
+def failing_task(number: int) -> Result:
+    if number == 3:
+        raise ShardflowError(f"input {number} is broken")
+    return {"number": number}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountJob:
+    """A job of two passes: ``count`` tasks write a file each, then ``sum`` adds them up."""
+
+    size: int
+    name: str = "counts"
+    kind: str = "processed"
+    passes: tuple[str, ...] = ("count", "sum")
+
+    @property
+    def version(self) -> str:
+        return derived_version(
+            name=self.name, kind=self.kind, parents=(), parameters={"size": self.size}
+        )
+
+    @property
+    def work_key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> Sequence[TaskSpec]:
+        if pass_name == "count":
+            return [
+                TaskSpec(key=f"count-{n:03d}", fn=count_task, args=(n, str(work)), rows=1)
+                for n in range(self.size)
+            ]
+        numbers = [int(r["number"]) for r in done["count"]]
+        return [TaskSpec(key="sum", fn=sum_task, args=(numbers, str(work)))]
+
+    def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
+        for path in sorted(work.iterdir()):
+            stage.adopt(path, path.name)
+        return stage.commit(
+            rows=self.size,
+            parameters={"size": self.size},
+            statistics={"sum": done["sum"][0]["sum"]},
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailingJob(CountJob):
+    passes: tuple[str, ...] = ("count",)
+
+    def tasks(self, pass_name: str, done: Results, work: Path) -> Sequence[TaskSpec]:
+        return [TaskSpec(key=f"fail-{n}", fn=failing_task, args=(n,)) for n in range(self.size)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as local:
+        yield local
+
+
+def test_passes_run_in_order_and_commit_one_version(cluster: LocalCluster, tmp_path: Path) -> None:
+    catalog = Catalog(tmp_path / "catalog")
+    seen: list[PassProgress] = []
+    with Client(cluster) as client:
+
+        @contextlib.contextmanager
+        def runner() -> Iterator[Runner]:
+            yield Runner(client)
+
+        manifest = run_job(
+            catalog,
+            CountJob(size=20),
+            runner=runner,
+            work_root=tmp_path / "work",
+            on_progress=seen.append,
+        )
+    assert manifest.statistics["sum"] == sum(range(20))
+    assert len(manifest.files) == 21  # 20 count files and the sum
+    assert catalog.verify() == []
+    counts = [p for p in seen if p.pass_name == "count"]
+    assert [p.tasks_done for p in counts] == list(range(1, 21))
+    assert counts[-1].rows_done == counts[-1].rows_total == 20
+    assert [p.pass_name for p in seen][-1] == "sum"
+    assert not (tmp_path / "work" / f"counts-{manifest.version}").exists()  # removed on commit
+
+
+def test_the_window_follows_the_worker_threads(cluster: LocalCluster) -> None:
+    with Client(cluster) as client:
+        runner = Runner(client)
+        window = runner.window()
+        assert window == 4  # two workers of one thread: two tasks each in flight
+        in_flight: list[int] = []
+        specs = [
+            TaskSpec(key=f"count-{n:03d}", fn=count_task, args=(n, "/tmp/shardflow-window"))
+            for n in range(30)
+        ]
+        results = runner.run(
+            specs, run_key="window", on_done=lambda _i, _r: in_flight.append(len(client.futures))
+        )
+    assert [r["number"] for r in results] == list(range(30))  # in task order
+    assert max(in_flight) <= window + 1
+    assert {r["worker"] for r in results} == set(cluster.scheduler_info["workers"])
+
+
+def test_a_failing_task_stops_the_run_and_commits_nothing(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    catalog = Catalog(tmp_path / "catalog")
+    with Client(cluster) as client:
+
+        @contextlib.contextmanager
+        def runner() -> Iterator[Runner]:
+            yield Runner(client)
+
+        with pytest.raises(ShardflowError, match="input 3 is broken"):
+            run_job(catalog, FailingJob(size=12), runner=runner)
+    assert catalog.names() == []
+    assert not any((tmp_path / "catalog" / "staging").iterdir())
+
+
+def test_an_existing_version_starts_no_runner(tmp_path: Path) -> None:
+    catalog = Catalog(tmp_path / "catalog")
+    first = run_job(catalog, CountJob(size=3), runner=serial_runner)
+
+    def no_runner() -> Any:
+        raise AssertionError("the runner started although the version exists")
+
+    again = run_job(catalog, CountJob(size=3), runner=no_runner)
+    assert again.version == first.version and again.created == first.created
+
+
+def test_a_given_scheduler_runs_the_tasks(tmp_path: Path) -> None:
+    """``ClusterConfig(scheduler=...)``: the tasks run on that cluster's workers, not on a
+    LocalCluster of the driver's own."""
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as remote:
+        address = remote.scheduler_address
+        config = ClusterConfig(scheduler=address)
+        catalog = Catalog(tmp_path / "catalog")
+        manifest = run_job(
+            catalog, CountJob(size=5), runner=lambda: dask_runner(config), work_root=tmp_path
+        )
+        assert manifest.statistics["sum"] == 10
+        # The given scheduler ran the job's tasks (its task prefixes are the task keys').
+        prefixes = set(remote.scheduler.task_prefixes)
+        assert "count" in prefixes and any(p.startswith("sum") for p in prefixes)

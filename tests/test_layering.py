@@ -1,0 +1,105 @@
+"""The layers stay layers: libraries never import Prefect, data_catalog imports no other
+package, training does not import preprocessing, and no package imports another in a circle."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("data_catalog", "preprocessing", "training", "flows")
+# Which packages each may import (itself always).
+ALLOWED = {
+    "data_catalog": set(),
+    "preprocessing": {"data_catalog"},
+    "training": {"data_catalog"},
+    "flows": {"data_catalog", "preprocessing", "training"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_packages_import_only_the_layers_below() -> None:
+    wrong = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in _imports(path):
+                top = name.split(".")[0]
+                if top in PACKAGES and top != package and top not in ALLOWED[package]:
+                    wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+                if top in ("prefect", "prefect_dask") and package != "flows":
+                    wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert wrong == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            graph[_module(path)] = {n for n in _imports(path) if n.split(".")[0] in PACKAGES}
+    modules = set(graph)
+
+    def targets(name: str) -> set[str]:
+        # "from pkg import module" names the package; count the package's own module too.
+        return {n for n in graph.get(name, set()) if n in modules}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            node, trail = stack.pop()
+            for following in targets(node):
+                if following == start:
+                    return [*trail, start]
+                if following not in seen:
+                    seen.add(following)
+                    stack.append((following, [*trail, following]))
+        return None
+
+    cycles = [c for m in sorted(modules) if (c := cycle_from(m)) and not m.endswith("__init__")]
+    # A package __init__ re-exporting its modules is not a cycle of behaviour.
+    cycles = [c for c in cycles if not any(m in PACKAGES for m in c)]
+    assert cycles == []
+
+
+@pytest.mark.parametrize(
+    ("filename", "banned"),
+    [
+        ("preprocessing/probe.py", True),
+        ("training/probe.py", True),
+        ("data_catalog/probe.py", True),
+        ("flows/probe.py", False),
+    ],
+)
+def test_the_lint_rule_bans_prefect_outside_flows(filename: str, banned: bool) -> None:
+    """ruff's banned-api rule, with this repository's configuration, on a module that imports
+    Prefect placed in each package."""
+    source = "import prefect\nfrom prefect.artifacts import create_table_artifact\n"
+    ruff = Path(sys.executable).parent / "ruff"
+    checked = subprocess.run(
+        [str(ruff), "check", "--select", "TID251", "--stdin-filename", filename, "-"],
+        input=source,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert ("TID251" in checked.stdout) is banned, checked.stdout
+    assert (checked.returncode != 0) is banned

@@ -1,0 +1,153 @@
+"""The launcher's pure parts: the horovodrun command line a configuration gives, and the
+configuration's own checks (each bad field named, as the CLI shows it by its flag)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from data_catalog import Catalog
+from data_catalog.errors import ConfigError, ShardflowError
+from training.config import TrainConfig
+from training.launcher import horovodrun_command, launch, train
+
+RUN_DIR = Path("/runs/fashion-mnist-cnn-0123456789abcdef")
+WORKER = ["python3", "-m", "training.worker", f"{RUN_DIR}/worker.json"]
+
+
+def command(**fields: Any) -> list[str]:
+    return horovodrun_command(
+        TrainConfig(model="cnn", **fields), RUN_DIR, horovodrun="horovodrun", python="python3"
+    )
+
+
+def test_default_is_gloo_on_localhost_with_a_slot_per_rank() -> None:
+    assert command() == ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *WORKER]
+    assert command(num_ranks=5)[:5] == ["horovodrun", "-np", "5", "-H", "localhost:5"]
+
+
+def test_hosts_are_passed_as_given() -> None:
+    assert command(num_ranks=4, hosts="node1:2,node2:2") == [
+        "horovodrun",
+        "-np",
+        "4",
+        "-H",
+        "node1:2,node2:2",
+        "--gloo",
+        *WORKER,
+    ]
+
+
+def test_a_hostfile_replaces_the_hosts() -> None:
+    assert command(num_ranks=4, hostfile="/etc/hosts.txt") == [
+        "horovodrun",
+        "-np",
+        "4",
+        "--hostfile",
+        "/etc/hosts.txt",
+        "--gloo",
+        *WORKER,
+    ]
+
+
+def test_mpi_controller_replaces_gloo() -> None:
+    line = command(controller="mpi")
+    assert "--mpi" in line
+    assert "--gloo" not in line
+
+
+def test_timeline_goes_into_the_run_directory() -> None:
+    line = command(timeline=True)
+    at = line.index("--timeline-filename")
+    assert line[at + 1] == str(RUN_DIR / "timeline.json")
+    assert line[at + 2 :] == WORKER  # horovodrun's options, then the program
+    assert "--timeline-filename" not in command()
+
+
+def test_mpi_controller_needs_horovod_built_with_mpi(tmp_path: Path) -> None:
+    import horovod.tensorflow as hvd
+
+    if hvd.mpi_built():
+        pytest.skip("this Horovod has MPI")
+    with pytest.raises(ShardflowError, match="built without MPI; use --controller gloo"):
+        launch(TrainConfig(model="cnn", controller="mpi"), tmp_path, lambda _m: None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "problem"),
+    [
+        ({"num_ranks": 0}, "num_ranks", "must be at least 1, got 0"),
+        ({"epochs": -1}, "epochs", "must be at least 1, got -1"),
+        ({"batch_size": 0}, "batch_size", "must be at least 1, got 0"),
+        ({"batch_size": 2.5}, "batch_size", "must be a whole number, got 2.5"),
+        ({"num_ranks": True}, "num_ranks", "must be a whole number, got True"),
+        ({"warmup_epochs": -1}, "warmup_epochs", "must be at least 0, got -1"),
+        ({"seed": -3}, "seed", "must be at least 0, got -3"),
+        ({"shuffle_buffer": 0}, "shuffle_buffer", "must be at least 1, got 0"),
+        (
+            {"backward_passes_per_step": 0},
+            "backward_passes_per_step",
+            "must be at least 1, got 0",
+        ),
+        ({"learning_rate": 0.0}, "learning_rate", "must be a positive finite number, got 0.0"),
+        ({"learning_rate": -0.1}, "learning_rate", "must be a positive finite number, got -0.1"),
+        ({"learning_rate": math.nan}, "learning_rate", "must be a positive finite number, got nan"),
+        ({"learning_rate": math.inf}, "learning_rate", "must be a positive finite number, got inf"),
+        (
+            {"model": "vgg"},
+            "model",
+            "must be one of cnn, mobilenetv2, resnet50, dnn, got 'vgg'",
+        ),
+        ({"compression": "zip"}, "compression", "must be one of none, fp16, got 'zip'"),
+        ({"controller": "nccl"}, "controller", "must be one of gloo, mpi, got 'nccl'"),
+        (
+            {"hosts": "a:1", "hostfile": "hosts.txt"},
+            "hostfile",
+            "cannot be given with hosts: give one of the two",
+        ),
+    ],
+)
+def test_a_bad_field_is_named(fields: dict[str, Any], field: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        TrainConfig(**fields)
+    assert (raised.value.field, raised.value.problem) == (field, problem)
+    assert str(raised.value) == f"{field} {problem}"
+
+
+def test_the_defaults_are_valid_and_leave_the_model_to_the_dataset() -> None:
+    assert TrainConfig().model is None
+    # An int rate is the same rate, with the identity of the float the CLI passes (as JSON,
+    # where 1 and 1.0 differ).
+    as_int = json.dumps(TrainConfig(model="cnn", learning_rate=1).parameters())
+    assert as_int == json.dumps(TrainConfig(model="cnn", learning_rate=1.0).parameters())
+
+
+def test_the_identity_is_the_fields_that_change_what_is_computed() -> None:
+    """The parameters a model version's id derives from; a change here changes every id."""
+    config = TrainConfig(
+        model="cnn", hosts="a:2", controller="mpi", resume=True, timeline=True, augment=True
+    )
+    assert config.parameters() == {
+        "num_ranks": 2,
+        "epochs": 3,
+        "batch_size": 32,
+        "model": "cnn",
+        "learning_rate": 0.001,
+        "warmup_epochs": 1,
+        "seed": 0,
+        "shuffle_buffer": 4096,
+        "backward_passes_per_step": 1,
+        "compression": "none",
+        "augment": True,
+    }
+
+
+def test_train_refuses_an_unresolved_model(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="resolve the dataset's default model"):
+        train(
+            Catalog(tmp_path / "catalog"), "fashion-mnist", config=TrainConfig(), runs_dir=tmp_path
+        )
