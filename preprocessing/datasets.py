@@ -100,12 +100,6 @@ class Dataset:
     def plan_preprocessing(self, catalog: Catalog, options: JobOptions) -> Job:
         """The job that processes the latest raw version of this dataset (reads manifests
         only); ``options.format`` None means this dataset's default."""
-        if not catalog.is_local:
-            raise ShardflowError(
-                f"preprocessing reads raw files by path: the catalog {catalog.url} is not on a "
-                "local or mounted filesystem (object-store catalogs take ingest and catalog "
-                "commands)"
-            )
         raw = catalog.get(self.name)
         if raw.kind != "raw":
             raise ShardflowError(f"{self.name}@{raw.version} is {raw.kind}, expected a raw version")

@@ -20,13 +20,14 @@ task is a task run. Nothing here imports Prefect.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -170,6 +171,29 @@ def _process_usage() -> dict[str, float]:
     }
 
 
+class CodeVersionError(ShardflowError):
+    """A Dask worker runs other code than the command that gives it tasks."""
+
+    def __init__(self, worker: str, theirs: str, mine: str) -> None:
+        super().__init__(
+            f"Dask worker {worker} runs shardflow {theirs}, this command runs {mine}: install "
+            "the same code on every worker (and restart them), so that every file is written "
+            "by the code the version names"
+        )
+
+
+def run_checked(expected: str, fn: Callable[..., Result], *args: Any) -> Result:
+    """``fn(*args)`` on a worker whose code version is ``expected``; else refused."""
+    from data_catalog import identity
+
+    theirs = identity.code_version()
+    if theirs != expected:
+        import socket
+
+        raise CodeVersionError(socket.gethostname(), theirs, expected)
+    return fn(*args)
+
+
 def plain_submit(client: Any, spec: TaskSpec, key: str) -> Any:
     """Submit ``spec`` as a plain Dask task."""
     return client.submit(spec.fn, *spec.args, key=key, pure=False)
@@ -187,6 +211,8 @@ class Runner:
     ) -> None:
         self.client = client
         self._submit = submit
+        self._window: int | None = None
+        self._window_at = 0.0
 
     def usage(self) -> dict[str, Any]:
         """Peak RSS and CPU seconds of every worker process now (their whole lives)."""
@@ -197,12 +223,29 @@ class Runner:
             "cpu_seconds": sum(float(u["cpu_seconds"]) for u in per_worker.values()),
         }
 
+    def _check_code_version(self) -> str:
+        """This command's code version, after refusing any worker that runs other code."""
+        from data_catalog import identity
+
+        mine = identity.code_version()
+        theirs = self.client.run(identity.code_version)
+        for worker, version in sorted(theirs.items()):
+            if version != mine:
+                raise CodeVersionError(worker, version, mine)
+        return mine
+
+    # Workers join and leave seldom; asking the scheduler is a round trip.
+    WINDOW_SECONDS = 5.0
+
     def window(self) -> int:
-        """Tasks in flight: two per worker thread the scheduler has now (at least two), so
-        that a worker finishing one task finds the next one waiting."""
-        workers = self.client.scheduler_info().get("workers", {})
-        threads = sum(int(w.get("nthreads", 1)) for w in workers.values())
-        return max(2, 2 * threads)
+        """Tasks in flight: two per worker thread the scheduler has (at least two), so that a
+        worker finishing one task finds the next one waiting; asked again every few seconds."""
+        now = time.monotonic()
+        if self._window is None or now - self._window_at > self.WINDOW_SECONDS:
+            workers = self.client.scheduler_info().get("workers", {})
+            threads = sum(int(w.get("nthreads", 1)) for w in workers.values())
+            self._window, self._window_at = max(2, 2 * threads), now
+        return self._window
 
     def run(
         self, tasks: Sequence[TaskSpec], *, run_key: str, on_done: Callable[[int, Result], None]
@@ -215,6 +258,7 @@ class Runner:
         """
         from distributed import as_completed
 
+        expected = self._check_code_version()
         results: list[Result | None] = [None] * len(tasks)
         pending = iter(enumerate(tasks))
         in_flight = as_completed()
@@ -225,7 +269,9 @@ class Runner:
             if following is None:
                 return False
             index, spec = following
-            future = self._submit(self.client, spec, f"{spec.key}-{run_key}")
+            # Each task checks its worker's code version first (a worker may join later).
+            checked = replace(spec, fn=functools.partial(run_checked, expected, spec.fn))
+            future = self._submit(self.client, checked, f"{spec.key}-{run_key}")
             index_of[future.key] = index
             in_flight.add(future)
             return True

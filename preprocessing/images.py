@@ -42,6 +42,7 @@ from preprocessing.plan import (
     plan_evaluation_split,
     plan_training_split,
 )
+from preprocessing.raw_files import is_url, local_copy
 from preprocessing.shard_files import (
     described,
     partial_path,
@@ -69,6 +70,8 @@ class RawPart:
     paths: tuple[str, ...]
     """idx: (images, labels); cifar: (batch file,)."""
     rows: int
+    bytes: int = 0
+    """Of its files, from the manifest (for progress)."""
 
     @property
     def stem(self) -> str:
@@ -91,14 +94,16 @@ def decode_part(part: RawPart, work: str, item_bytes: int) -> Result:
     """Scan task: decode one raw part into ``<stem>.images`` (rows x item_bytes uint8, HWC)
     and ``<stem>.labels`` (rows uint8), each whole or absent; kept if already there."""
     result: Result = {"part": part.number, "split": part.split, "rows": part.rows}
+    # Files in an object store are copied into the job's folder: read by seeking or whole.
+    paths = tuple(local_copy(p, work) for p in part.paths)
     if part.kind == "idx-plain":
         # Uncompressed IDX: the writers seek in it past the header; nothing to decode.
-        image_header = idx.inspect(part.paths[0], num_dims=3)
-        label_header = idx.inspect(part.paths[1], num_dims=1)
+        image_header = idx.inspect(paths[0], num_dims=3)
+        label_header = idx.inspect(paths[1], num_dims=1)
         return {
             **result,
-            "images": part.paths[0],
-            "labels": part.paths[1],
+            "images": paths[0],
+            "labels": paths[1],
             "images_offset": image_header.offset,
             "labels_offset": label_header.offset,
         }
@@ -117,13 +122,13 @@ def decode_part(part: RawPart, work: str, item_bytes: int) -> Result:
     try:
         if part.kind == "idx":
             with open(partial_images, "wb") as out:
-                for _start, block in idx.iter_records(part.paths[0], batch=4096):
+                for _start, block in idx.iter_records(paths[0], batch=4096):
                     out.write(block.tobytes())
-            partial_labels.write_bytes(idx.read_records(part.paths[1]).tobytes())
+            partial_labels.write_bytes(idx.read_records(paths[1]).tobytes())
         else:
             from preprocessing.sources.cifar10 import read_batch
 
-            batch_labels, batch_images = read_batch(Path(part.paths[0]))
+            batch_labels, batch_images = read_batch(Path(paths[0]))
             partial_images.write_bytes(batch_images.tobytes())
             partial_labels.write_bytes(batch_labels.tobytes())
         for partial, final in ((partial_images, images), (partial_labels, labels)):
@@ -210,8 +215,9 @@ def channel_sums(images: npt.NDArray[np.uint8], channels: int) -> Result:
     """
     pixels = images.reshape(-1, channels)
     sums = pixels.sum(axis=0, dtype=np.uint64)
-    wide = pixels.astype(np.uint32)
-    sumsq = (wide * wide).sum(axis=0, dtype=np.uint64)
+    # einsum casts in small buffers: no widened copy of every pixel (page faults cost more
+    # than the arithmetic here).
+    sumsq = np.einsum("ij,ij->j", pixels, pixels, dtype=np.uint64)
     return {
         "count": int(pixels.shape[0]),
         "sum": [int(s) / 255.0 for s in sums],
@@ -242,7 +248,7 @@ def write_shard(task: ShardTask) -> Result:
         item = images.shape[1]
         offsets = pa.array(range(0, (len(records) + 1) * item, item), type=pa.int32())
         image_column = pa.BinaryArray.from_buffers(
-            pa.binary(), len(records), [None, offsets.buffers()[1], pa.py_buffer(images.tobytes())]
+            pa.binary(), len(records), [None, offsets.buffers()[1], pa.py_buffer(images)]
         )
     table = pa.Table.from_arrays(
         [pa.array(records, type=pa.int64()), image_column, pa.array(labels.astype(np.int64))],
@@ -300,7 +306,17 @@ class ImageJob:
     """The source split of each output split."""
 
     kind: str = "processed"
-    passes: tuple[str, ...] = ("decode", "write")
+
+    @property
+    def passes(self) -> tuple[str, ...]:
+        # Uncompressed IDX on a local (or mounted) filesystem needs no decoding: its shards
+        # are written straight from it. In an object store its files are copied first.
+        if all(
+            part.kind == "idx-plain" and not any(is_url(p) for p in part.paths)
+            for part in self.parts
+        ):
+            return ("write",)
+        return ("decode", "write")
 
     @property
     def work_key(self) -> str:
@@ -309,6 +325,9 @@ class ImageJob:
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
         if pass_name == "decode":
             return self._decode_tasks(work)
+        if "decode" not in done:
+            # Where each uncompressed IDX file's records start: its header, read here.
+            return self._write_tasks([decode_part(p, str(work), 0) for p in self.parts], work)
         return self._write_tasks(done["decode"], work)
 
     @property
@@ -330,7 +349,7 @@ class ImageJob:
                 fn=decode_part,
                 args=(part, str(work), self.item_bytes),
                 rows=part.rows,
-                bytes=sum(os.path.getsize(path) for path in part.paths),
+                bytes=part.bytes,
             )
             for part in self.parts
         ]
@@ -425,7 +444,8 @@ class ImageJob:
 
 
 def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, ...]]:
-    path_of = {e.path: str(catalog.file_path(raw, e)) for e in raw.files}
+    path_of = {e.path: catalog.file_url(raw, e) for e in raw.files}
+    size_of = {catalog.file_url(raw, e): e.bytes for e in raw.files}
     shape = tuple(int(d) for d in raw.schema["image_shape"])
     if raw.schema.get("format") == "idx":
         # The uncompressed copies the ingest made beside gzipped files, where there are any.
@@ -436,7 +456,10 @@ def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, .
                 path_of[files[f"{prefix}-images-idx3-ubyte"]],
                 path_of[files[f"{prefix}-labels-idx1-ubyte"]],
             )
-            plain = not any(idx.is_gzip(p) for p in paths)
+            stems = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
+            plain = all(stem in raw.schema.get("decompressed", {}) for stem in stems) or (
+                not any(is_url(p) or idx.is_gzip(p) for p in paths)
+            )
             parts.append(
                 RawPart(
                     split=split,
@@ -444,6 +467,7 @@ def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, .
                     kind="idx-plain" if plain else "idx",
                     paths=paths,
                     rows=int(raw.statistics[f"{split}_rows"]),
+                    bytes=sum(size_of[p] for p in paths),
                 )
             )
         return parts, (*shape, 1) if len(shape) == 2 else shape
@@ -461,6 +485,7 @@ def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, .
                         kind="cifar",
                         paths=(path_of[entry.path],),
                         rows=entry.rows,
+                        bytes=entry.bytes,
                     )
                 )
         return parts, shape

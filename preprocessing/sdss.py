@@ -28,7 +28,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version, processed_name
 from data_catalog.errors import ConfigError, ShardflowError
@@ -42,6 +41,7 @@ from preprocessing.plan import (
     plan_evaluation_split,
     plan_training_split,
 )
+from preprocessing.raw_files import parquet_file
 from preprocessing.shard_files import (
     described,
     partial_path,
@@ -74,12 +74,13 @@ class Piece:
 
     number: int
     path: str
+    """A local path or an object-store URL."""
     row_group: int
     rows: int
 
 
 def read_piece(piece: Piece) -> pa.Table:
-    table: pa.Table = pq.ParquetFile(piece.path).read_row_group(piece.row_group)
+    table: pa.Table = parquet_file(piece.path).read_row_group(piece.row_group)
     return table
 
 
@@ -421,8 +422,8 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
     for entry in sorted(raw.files, key=lambda e: e.path):
         if not entry.path.endswith(".parquet"):
             continue
-        path = str(catalog.file_path(raw, entry))
-        metadata = pq.read_metadata(path)
+        path = catalog.file_url(raw, entry)
+        metadata = parquet_file(path).metadata
         for group in range(metadata.num_row_groups):
             pieces.append(
                 Piece(

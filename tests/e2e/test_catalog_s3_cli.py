@@ -36,8 +36,21 @@ def test_ingest_show_verify_on_s3(
         "fashion-mnist"
     ]
 
-    # Preprocessing reads raw files by local path for now: refused in one line.
-    refused = shardflow("preprocess", "fashion-mnist")
-    assert refused.returncode == 1
-    assert len(refused.stderr.strip().splitlines()) == 1
-    assert "is not on a local or mounted filesystem" in refused.stderr
+    # Preprocessing reads the raw version from the store (its tasks copy the IDX files they
+    # read by seeking) and commits to it: the same files as from a local catalog.
+    on_s3 = shardflow("preprocess", "fashion-mnist", "--rank-multiple", "8", "--json")
+    assert on_s3.returncode == 0, on_s3.stderr[-2000:]
+    monkeypatch.delenv("SHARDFLOW_CATALOG")
+    assert shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset)).returncode == 0
+    local = shardflow("preprocess", "fashion-mnist", "--rank-multiple", "8", "--json")
+    assert local.returncode == 0, local.stderr[-2000:]
+    assert on_s3.json["version"] == local.json["version"]
+    monkeypatch.setenv("SHARDFLOW_CATALOG", f"s3://{bucket}/catalog")
+    shown = shardflow("catalog", "show", "fashion-mnist-processed", "--json").json
+    assert all(f["path"].startswith(f"s3://{bucket}/catalog/") for f in shown["files"])
+    assert shardflow("catalog", "verify", "--json").json["ok"] is True
+    monkeypatch.delenv("SHARDFLOW_CATALOG")
+    local_shown = shardflow("catalog", "show", "fashion-mnist-processed", "--json").json
+    assert [(f["sha256"], f["rows"]) for f in shown["files"]] == [
+        (f["sha256"], f["rows"]) for f in local_shown["files"]
+    ]

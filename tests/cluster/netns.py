@@ -1,0 +1,175 @@
+"""Hosts on one machine: Linux network namespaces joined by a bridge (docs/cluster.md,
+shared CLUSTER.md).
+
+    root namespace: bridge br<id> (no address: the root namespace has no route to the hosts)
+      ├─ veth <id>0 ── eth0 in namespace <id>-sched  10.77.<k>.1
+      ├─ veth <id>1 ── eth0 in namespace <id>-w1     10.77.<k>.2
+      └─ ...
+
+Every participant (scheduler, workers, ranks, launcher, client) runs inside a namespace,
+through :meth:`Host.popen`/:meth:`Host.run`; nothing in the root namespace ever connects to
+these addresses (its default route would send that traffic off the machine). Each namespace
+has the same inner interface name (``eth0``), ``lo`` up, IPv6 off, and its own
+``/etc/netns/<ns>/hosts`` mapping this machine's hostname (and every host's name) to its own
+address, which ``ip netns exec`` bind-mounts over /etc/hosts: Horovod's process-set Gloo
+context resolves ``gethostname()``.
+
+:class:`Hosts` is a context manager that removes all of it (processes, namespaces, the bridge,
+the hosts files) however the block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+NETNS_ETC = Path("/etc/netns")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass
+class Host:
+    """One namespace, as a host: its name, its address, the processes started in it."""
+
+    name: str
+    """The host name the others know it by (also its namespace's suffix)."""
+    namespace: str
+    address: str
+    veth: str
+    """The root namespace's end of its link (its counters: bytes this host sent and got)."""
+    processes: list[subprocess.Popen[Any]] = field(default_factory=list)
+
+    def command(self, args: Sequence[str], *, nsenter: bool = False) -> list[str]:
+        """``args`` run inside this host's namespace: ``ip netns exec`` (with this host's
+        /etc/hosts), or ``nsenter --net`` (keeps /sys and cgroups: slurmd needs them)."""
+        if nsenter:
+            return ["nsenter", f"--net=/run/netns/{self.namespace}", *args]
+        return ["ip", "netns", "exec", self.namespace, *args]
+
+    def popen(self, args: Sequence[str], *, nsenter: bool = False, **kwargs: Any) -> Any:
+        """Start ``args`` in this host, in a session of its own; stopped with the hosts."""
+        process = subprocess.Popen(
+            self.command(args, nsenter=nsenter), start_new_session=True, **kwargs
+        )
+        self.processes.append(process)
+        return process
+
+    def run(self, args: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        return subprocess.run(self.command(args), check=False, **kwargs)
+
+    def bytes_sent(self) -> int:
+        """Bytes this host has sent on its link (the bridge end receives them)."""
+        return int(Path(f"/sys/class/net/{self.veth}/statistics/rx_bytes").read_text())
+
+    def bytes_received(self) -> int:
+        return int(Path(f"/sys/class/net/{self.veth}/statistics/tx_bytes").read_text())
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + 10
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()
+
+
+class Hosts:
+    """Namespaces ``names`` on one bridge, for the block's duration."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.id = secrets.token_hex(2)
+        # A /24 of its own per set of hosts, so that two sets never share addresses.
+        self.subnet = f"10.77.{int(self.id, 16) % 250 + 1}"
+        self.bridge = f"br{self.id}"
+        self.hosts = {
+            name: Host(
+                name=name,
+                namespace=f"sf{self.id}-{name}",
+                address=f"{self.subnet}.{number}",
+                veth=f"v{self.id}{number}",
+            )
+            for number, name in enumerate(names, start=1)
+        }
+
+    def __getitem__(self, name: str) -> Host:
+        return self.hosts[name]
+
+    def __enter__(self) -> Hosts:
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _create(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("link", "set", self.bridge, "up")
+        hostname = socket.gethostname()
+        for host in self.hosts.values():
+            _ip("netns", "add", host.namespace)
+            _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns",
+                host.namespace)  # fmt: skip
+            _ip("link", "set", host.veth, "master", self.bridge, "up")
+            _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            _ip("-n", host.namespace, "link", "set", "eth0", "up")
+            _ip("-n", host.namespace, "link", "set", "lo", "up")
+            for setting in ("all", "default"):
+                subprocess.run(
+                    ["ip", "netns", "exec", host.namespace, "sysctl", "-qw",
+                     f"net.ipv6.conf.{setting}.disable_ipv6=1"],
+                    check=True, capture_output=True,
+                )  # fmt: skip
+            etc = NETNS_ETC / host.namespace
+            etc.mkdir(parents=True, exist_ok=True)
+            others = "".join(f"{h.address} {h.name}\n" for h in self.hosts.values())
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n{host.address} {hostname}\n{others}")
+
+    def close(self) -> None:
+        for host in self.hosts.values():
+            host.stop()
+        for host in self.hosts.values():
+            subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+            subprocess.run(["ip", "link", "del", host.veth], capture_output=True)
+            shutil.rmtree(NETNS_ETC / host.namespace, ignore_errors=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+    def wait_for_port(self, client: Host, server: Host, port: int, timeout: float = 60) -> None:
+        """Until ``server`` accepts connections on ``port``, asked from inside ``client``."""
+        probe = (
+            "import socket, sys; s = socket.socket(); s.settimeout(1); "
+            f"sys.exit(s.connect_ex(('{server.address}', {port})))"
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if client.run(["python3", "-c", probe]).returncode == 0:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{server.name}:{port} did not answer within {timeout:.0f} s")
