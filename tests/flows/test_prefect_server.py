@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import re
@@ -10,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +75,24 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log.close()
 
 
+def chromium_command(tmp_path: Path) -> list[str]:
+    """Headless Chromium with nothing reaching outside this machine."""
+    return [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1440,1000",
+        "--virtual-time-budget=30000",
+    ]
+
+
 def api(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
     response = httpx.post(f"{url}/api{path}", json=body or {}, timeout=30)
     response.raise_for_status()
@@ -128,20 +149,7 @@ def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
 
     # The UI's page of this flow run, rendered by headless Chromium: the rendered DOM names
     # the run and its flow, and the screenshot is a picture of it.
-    chromium = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=1440,1000",
-        "--virtual-time-budget=30000",
-    ]
+    chromium = chromium_command(tmp_path)
     page = f"{prefect_server}/runs/flow-run/{flow_run_id}"
     dom = subprocess.run(
         [*chromium, "--dump-dom", page],
@@ -309,3 +317,84 @@ def test_the_pipeline_deployment_trains_sdss_with_its_own_model(
     assert models.returncode == 0, models.stderr
     assert models.json["schema"]["model"] == "dnn"
     assert models.json["parents"][0]["name"] == "sdss-processed"
+
+
+class _Throttled(http.server.SimpleHTTPRequestHandler):
+    """Serves files at about 300 KB/s each: an ingest slow enough to watch."""
+
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        while chunk := source.read(16_384):
+            outputfile.write(chunk)
+            time.sleep(0.05)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_running_ingest_shows_its_progress(
+    prefect_server: str, shardflow: Callable[..., Result], shardflow_home: Path, tmp_path: Path
+) -> None:
+    """The ingest flow's progress artifact while the ingest runs (not only at 100 %), on its
+    page in the UI, rendered by headless Chromium."""
+    exports = tmp_path / "exports"
+    made = shardflow("synth", "sdss", "--rows", "40000", "--files", "8", "--out", str(exports))
+    assert made.returncode == 0, made.stderr
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Throttled, directory=str(exports))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    source = f"http://127.0.0.1:{server.server_address[1]}/"
+    script = (
+        "import sys; from flows.pipeline import ingest_flow; "
+        "ingest_flow(dataset='sdss', home=sys.argv[1], source=sys.argv[2])"
+    )
+    flow = subprocess.Popen(
+        [sys.executable, "-c", script, str(shardflow_home), source],
+        env={**os.environ, "PREFECT_API_URL": f"{prefect_server}/api"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        part_way = None
+        while part_way is None and time.monotonic() < deadline and flow.poll() is None:
+            time.sleep(0.5)
+            found = api(
+                prefect_server,
+                "/artifacts/filter",
+                {"artifacts": {"key": {"any_": ["sdss-ingest-progress"]}}},
+            )
+            part_way = next((a for a in found if 0 < float(a["data"] or 0) < 100), None)
+        assert part_way is not None, "no progress between 0 and 100 % was seen"
+        page = f"{prefect_server}/artifacts/artifact/{part_way['id']}"
+        chromium = chromium_command(tmp_path)
+        dom = subprocess.run(
+            [*chromium, "--dump-dom", page],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        assert "sdss-ingest-progress" in dom
+        assert "convert:" in dom  # the description: tasks, rows, MB/s, ETA
+        shot = tmp_path / "ingest-progress.png"
+        subprocess.run(
+            [*chromium, f"--screenshot={shot}", page],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert flow.wait(timeout=600) == 0, flow.stderr.read() if flow.stderr else ""
+    finally:
+        if flow.poll() is None:
+            flow.kill()
+        server.shutdown()
+        server.server_close()
+    finished = api(
+        prefect_server, "/artifacts/filter", {"artifacts": {"key": {"any_": ["sdss-ingest-tasks"]}}}
+    )
+    assert finished and len(finished[0]["data"]) >= 1  # the table of finished tasks
+    if os.environ.get("SHARDFLOW_UPDATE_DOCS"):
+        shutil.copy(shot, DOCS_SCREENSHOT.with_name("prefect-ingest-progress.png"))
