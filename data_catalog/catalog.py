@@ -19,19 +19,18 @@ local cache directory; see :mod:`data_catalog.object_store` and README.md, "Obje
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType, TracebackType
 from typing import Any
-
-import sqlalchemy as sa
 
 from data_catalog import identity
 from data_catalog.durability import (
@@ -43,8 +42,16 @@ from data_catalog.durability import (
     write_atomically,
 )
 from data_catalog.errors import CatalogError, NotFound
-from data_catalog.index import Index
-from data_catalog.manifest import FORMAT_VERSION, MANIFEST_NAME, FileEntry, Manifest, ParentRef
+from data_catalog.index import Index, IndexUnusable
+from data_catalog.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    NO_DIGEST_NOTE,
+    FileEntry,
+    Manifest,
+    ManifestEdited,
+    ParentRef,
+)
 from data_catalog.names import (
     NAME_PATTERN,
     VERSION_PATTERN,
@@ -71,6 +78,25 @@ class Problem:
     path: str
     """The absolute path (for a URL catalog, the URL) of the bad file or manifest."""
     reason: str
+    """What differs; a manifest field that disagrees with the files is named."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """What :meth:`Catalog.verify_report` found."""
+
+    problems: tuple[Problem, ...]
+    """Damage: files or manifests that are not as committed. Empty when all is well."""
+    notes: tuple[Problem, ...]
+    """What could not be checked, without being wrong (a manifest written before manifests
+    carried a digest)."""
+    versions: int
+    """How many versions were checked."""
+
+
+# A data-level check that a layer above the catalog passes to verify (the catalog does not know
+# what a processed image split should hold): the problems it finds in one parsed manifest.
+ManifestCheck = Callable[["Catalog", Manifest], Sequence[Problem]]
 
 
 class Catalog:
@@ -190,12 +216,29 @@ class Catalog:
         return (self.version_dir(name, version) / MANIFEST_NAME).is_file()
 
     def names(self) -> list[str]:
-        """Names with at least one committed version, sorted."""
-        return sorted({name for name, _ in self._committed()})
+        """Names with at least one committed version, sorted.
 
-    def versions(self, name: str) -> list[Manifest]:
-        """Committed versions of ``name``, oldest first (ties by version id); [] if none."""
-        manifests = [self._read_manifest(name, v) for _, v in self._committed(validate_name(name))]
+        A folder under ``datasets/`` that is no valid name is not the catalog's and is left
+        out (``versions`` would refuse the name)."""
+        return sorted(
+            {name for name, _ in self._committed() if NAME_PATTERN.fullmatch(name) is not None}
+        )
+
+    def versions(self, name: str, *, unreadable: list[Problem] | None = None) -> list[Manifest]:
+        """Committed versions of ``name``, oldest first (ties by version id); [] if none.
+
+        A manifest that cannot be read raises a :class:`CatalogError`; with ``unreadable``
+        (a list), it is appended there as a :class:`Problem` instead and the versions that
+        can be read are returned, so that one corrupt manifest does not hide the others."""
+        manifests = []
+        for _, version in self._committed(validate_name(name)):
+            try:
+                manifests.append(self._read_manifest(name, version))
+            except CatalogError as exc:
+                if unreadable is None:
+                    raise
+                path = self._manifest_location(name, version)
+                unreadable.append(Problem(path=path, reason=str(exc)))
         return sorted(manifests, key=lambda m: (m.created, m.version))
 
     def get(self, name: str, version: str | None = None) -> Manifest:
@@ -255,10 +298,37 @@ class Catalog:
 
     # --- checking ---------------------------------------------------------------------------
 
-    def verify(self, name: str | None = None, version: str | None = None) -> list[Problem]:
-        """Recompute size and sha256 of every file of the selected committed versions.
+    def verify(
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        *,
+        checks: Sequence[ManifestCheck] = (),
+    ) -> list[Problem]:
+        """Check the selected committed versions; [] when every one is as its manifest says.
 
-        All versions when ``name`` is None; all of ``name`` when ``version`` is None.
+        All versions when ``name`` is None; all of ``name`` when ``version`` is None. See
+        :meth:`verify_report`, which also returns what could not be checked.
+        """
+        return list(self.verify_report(name, version, checks=checks).problems)
+
+    def verify_report(
+        self,
+        name: str | None = None,
+        version: str | None = None,
+        *,
+        checks: Sequence[ManifestCheck] = (),
+    ) -> Verification:
+        """Check the selected committed versions against their manifests, and each manifest
+        against its own digest.
+
+        For every version: the manifest's ``manifest_digest`` (a manifest edited after its commit
+        is a problem naming the version; one written before manifests carried a digest, a note);
+        every file's size and sha256; every Parquet file's rows and row groups from its footer
+        against the manifest's entry (read only when the bytes match: otherwise the digest
+        already tells); no file that the manifest does not list. Then, when every file is
+        intact, each of ``checks``: data-level checks that need to know the dataset kind, from
+        the layers above (``preprocessing.verify_processed.check_processed``).
         """
         if name is None:
             selected = list(self._committed())
@@ -267,32 +337,50 @@ class Catalog:
         else:
             selected = [(name, self._resolve(name, version))]
         problems: list[Problem] = []
+        notes: list[Problem] = []
         for n, v in selected:
-            problems += self._verify_version(n, v)
-        return problems
+            found, noted = self._verify_version(n, v, checks)
+            problems += found
+            notes += noted
+        return Verification(problems=tuple(problems), notes=tuple(notes), versions=len(selected))
 
-    def _verify_version(self, name: str, version: str) -> list[Problem]:
-        if self._store is not None:
-            return self._verify_remote(self._store, name, version)
-        directory = self.version_dir(name, version)
-        manifest_path = directory / MANIFEST_NAME
+    def _verify_version(
+        self, name: str, version: str, checks: Sequence[ManifestCheck]
+    ) -> tuple[list[Problem], list[Problem]]:
+        location = self._manifest_location(name, version)
         try:
-            manifest = Manifest.from_json(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, CatalogError) as exc:
-            return [Problem(path=str(manifest_path), reason=f"unreadable manifest: {exc}")]
-        if (manifest.name, manifest.version) != (name, version):
-            reason = f"manifest describes {manifest.ref}, not {name}@{version}"
-            return [Problem(path=str(manifest_path), reason=reason)]
+            text = self._manifest_text(name, version)
+        except (OSError, UnicodeDecodeError) as exc:
+            return [Problem(path=location, reason=f"unreadable manifest: {exc}")], []
+        manifest, problems, notes = _parse_for_verify(text, location, name, version)
+        if manifest is None:
+            return problems, notes
+        if self._store is not None:
+            damaged = self._verify_remote_files(self._store, manifest, location)
+        else:
+            damaged = self._verify_local_files(manifest, location)
+        if damaged:
+            # The data-level checks would recompute statistics from damaged bytes and blame
+            # the manifest for them.
+            return [*problems, *damaged], notes
+        for check in checks:
+            problems += check(self, manifest)
+        return problems, notes
+
+    def _verify_local_files(self, manifest: Manifest, location: str) -> list[Problem]:
+        directory = self.version_dir(manifest.name, manifest.version)
         problems = []
         listed = set()
         for entry in manifest.files:
             try:
                 path = self.file_path(manifest, entry)
             except CatalogError as exc:
-                problems.append(Problem(path=str(manifest_path), reason=str(exc)))
+                problems.append(Problem(path=location, reason=str(exc)))
                 continue
             listed.add(path)
             problem = _check_file(path, entry)
+            if problem is None and entry.path.endswith(".parquet"):
+                problem = _check_footer(str(path), entry, functools.partial(_parquet_counts, path))
             if problem is not None:
                 problems.append(problem)
         for relpath in relative_files(directory):
@@ -301,16 +389,10 @@ class Catalog:
                 problems.append(Problem(path=str(path), reason="not in manifest"))
         return problems
 
-    def _verify_remote(self, store: ObjectStore, name: str, version: str) -> list[Problem]:
-        key = _version_key(name, version)
-        manifest_url = store.url_of(f"{key}/{MANIFEST_NAME}")
-        try:
-            manifest = Manifest.from_json(store.read_text(f"{key}/{MANIFEST_NAME}"))
-        except (OSError, UnicodeDecodeError, CatalogError) as exc:
-            return [Problem(path=manifest_url, reason=f"unreadable manifest: {exc}")]
-        if (manifest.name, manifest.version) != (name, version):
-            reason = f"manifest describes {manifest.ref}, not {name}@{version}"
-            return [Problem(path=manifest_url, reason=reason)]
+    def _verify_remote_files(
+        self, store: ObjectStore, manifest: Manifest, location: str
+    ) -> list[Problem]:
+        key = _version_key(manifest.name, manifest.version)
         sizes = store.files_under(key)  # one listing instead of a HEAD per file
         problems = []
         listed = {MANIFEST_NAME}
@@ -318,7 +400,7 @@ class Catalog:
             try:
                 relpath = "/".join(_entry_parts(manifest, entry))
             except CatalogError as exc:
-                problems.append(Problem(path=manifest_url, reason=str(exc)))
+                problems.append(Problem(path=location, reason=str(exc)))
                 continue
             listed.add(relpath)
             url = store.url_of(f"{key}/{relpath}")
@@ -336,6 +418,12 @@ class Catalog:
                 continue
             if sha != entry.sha256:
                 problems.append(Problem(path=url, reason="sha256 mismatch"))
+                continue
+            if relpath.endswith(".parquet"):
+                counts = functools.partial(store.parquet_counts, f"{key}/{relpath}")
+                found = _check_footer(url, entry, counts)
+                if found is not None:
+                    problems.append(found)
         for relpath in sorted(set(sizes) - listed):
             problems.append(
                 Problem(path=store.url_of(f"{key}/{relpath}"), reason="not in manifest")
@@ -360,7 +448,12 @@ class Catalog:
         return Staging(catalog=self, name=name, kind=kind, path=path, lock_fd=lock_fd)
 
     def _publish(self, staging: Staging, manifest: Manifest) -> Manifest:
-        """Steps 2-4 of a commit: move the staged files in place, then the manifest, then index."""
+        """Steps 2-4 of a commit: move the staged files in place, then the manifest, then index.
+
+        The manifest written (locally or by :meth:`_publish_remote`) records the digest of its
+        own content, which every later read checks.
+        """
+        manifest = manifest.sealed()
         if self._store is not None:
             return self._publish_remote(self._store, staging, manifest)
         dataset_dir = self._datasets / manifest.name
@@ -431,18 +524,27 @@ class Catalog:
                 self.reindex()
             else:
                 self._index.record(manifest, manifest_path)
-        except sa.exc.SQLAlchemyError as exc:
+        except IndexUnusable as exc:
             # The version is committed (its manifest is written); the index is only a cache and
             # `search` and `reindex` repair it from the manifests.
-            log.warning(
-                "could not index %s (%s); run `shardflow catalog reindex`", manifest.ref, exc
-            )
+            log.warning("%s is committed but not indexed: %s", manifest.ref, exc)
 
     # --- maintenance ------------------------------------------------------------------------
 
     def reindex(self) -> int:
-        """Rebuild the index from the manifests; returns how many versions it holds."""
+        """Rebuild the index from the manifests; returns how many versions it holds.
+
+        A SQLite index file that is garbled (not a database, or a malformed one) is deleted
+        and built afresh; other errors of the index are raised as a :class:`CatalogError`."""
         make_dirs(self._local)
+        try:
+            return self._rebuild_index()
+        except IndexUnusable as exc:
+            if not exc.corrupt or not self._index.remove_garbled_file():
+                raise
+        return self._rebuild_index()
+
+    def _rebuild_index(self) -> int:
         self._index.ensure_tables()
 
         def manifests() -> Iterator[tuple[Manifest, str]]:
@@ -475,8 +577,13 @@ class Catalog:
 
     def _gc_staging(self) -> list[Path]:
         removed = []
-        entries = {p.name.removesuffix(".lock") for p in self._staging.iterdir()}
+        # "<id>.work" is the work folder a job without a work root keeps beside its staging
+        # "<id>" (preprocessing's driver): it lives and dies with that staging's lock.
+        entries = {
+            p.name.removesuffix(".lock").removesuffix(".work") for p in self._staging.iterdir()
+        }
         for staging_id in sorted(entries):
+            work = self._staging / f"{staging_id}.work"
             directory = self._staging / staging_id
             lock_path = self._staging / f"{staging_id}.lock"
             if lock_path.exists():
@@ -484,18 +591,21 @@ class Catalog:
                 if lock_fd is None:
                     continue  # a live writer holds it (or it just vanished)
                 try:
-                    if directory.exists():
-                        shutil.rmtree(directory)
-                        removed.append(directory)
+                    for path in (directory, work):
+                        if path.exists():
+                            shutil.rmtree(path)
+                            removed.append(path)
                     lock_path.unlink()
                     removed.append(lock_path)
                 finally:
                     os.close(lock_fd)
-            elif directory.exists():
-                # A writer creates and locks the lock file before the directory, and removes it
-                # only after the directory is gone: a directory without one has no writer.
-                shutil.rmtree(directory)
-                removed.append(directory)
+                continue
+            # A writer creates and locks the lock file before the directory, and removes it
+            # only after the directory is gone: a directory without one has no writer.
+            for path in (directory, work):
+                if path.exists():
+                    shutil.rmtree(path)
+                    removed.append(path)
         return removed
 
     def gc_urls(self, *, min_age: timedelta = DEFAULT_GC_MIN_AGE) -> list[str]:
@@ -603,6 +713,10 @@ class Catalog:
                 f"no version {version!r} of dataset {name!r} in catalog {self.url}; "
                 "run `shardflow catalog list`"
             ) from exc
+        except ManifestEdited as exc:
+            raise ManifestEdited(
+                f"{path}: {exc}; not trusting it (run `shardflow catalog verify {name}`)"
+            ) from exc
         except (OSError, UnicodeDecodeError, CatalogError) as exc:
             raise CatalogError(
                 f"cannot read {path}: {exc}; run `shardflow catalog verify {name}`"
@@ -644,6 +758,64 @@ def _check_file(path: Path, entry: FileEntry) -> Problem | None:
     if sha != entry.sha256:
         return Problem(path=str(path), reason="sha256 mismatch")
     return None
+
+
+def _parquet_counts(path: Path) -> tuple[int, int]:
+    """(rows, row groups) from a local Parquet file's footer."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_metadata(path)
+    return int(metadata.num_rows), int(metadata.num_row_groups)
+
+
+def _check_footer(
+    location: str, entry: FileEntry, read_counts: Callable[[], tuple[int, int]]
+) -> Problem | None:
+    """The manifest's rows and row groups of a Parquet file against its footer."""
+    try:
+        rows, row_groups = read_counts()
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        return Problem(path=location, reason=f"unreadable Parquet footer: {_one_line(exc)}")
+    for field, recorded, actual in (
+        ("rows", entry.rows, rows),
+        ("row_groups", entry.row_groups, row_groups),
+    ):
+        if recorded != actual:
+            return Problem(
+                path=location,
+                reason=f"manifest field files[{entry.path}].{field} is {recorded}, its Parquet "
+                f"footer says {actual}",
+            )
+    return None
+
+
+def _parse_for_verify(
+    text: str, location: str, name: str, version: str
+) -> tuple[Manifest | None, list[Problem], list[Problem]]:
+    """(the manifest or None, problems, notes) of one version's manifest text.
+
+    An edited manifest is a problem, and is still parsed so that its fields get checked against
+    the files (which names the field that was changed).
+    """
+    problems: list[Problem] = []
+    notes: list[Problem] = []
+    try:
+        manifest = Manifest.from_json(text)
+    except ManifestEdited as exc:
+        problems.append(Problem(path=location, reason=str(exc)))
+        manifest = Manifest.from_json(text, check_digest=False)
+    except CatalogError as exc:
+        return None, [Problem(path=location, reason=f"unreadable manifest: {exc}")], []
+    if (manifest.name, manifest.version) != (name, version):
+        reason = f"manifest describes {manifest.ref}, not {name}@{version}"
+        return None, [*problems, Problem(path=location, reason=reason)], []
+    if manifest.manifest_digest is None:
+        notes.append(Problem(path=location, reason=f"{manifest.ref}: {NO_DIGEST_NOTE}"))
+    return manifest, problems, notes
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 class Staging:

@@ -8,13 +8,17 @@ time and is rebuilt from the manifests.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
+from data_catalog.errors import CatalogError
 from data_catalog.manifest import Manifest, ParentRef
 
 log = logging.getLogger(__name__)
@@ -45,8 +49,32 @@ parents_table = sa.Table(
 )
 
 
+class IndexUnusable(CatalogError):
+    """The index cannot be read or written; ``corrupt`` when its SQLite file is garbled."""
+
+    def __init__(self, url: str, exc: sa.exc.SQLAlchemyError) -> None:
+        cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+        # SQLAlchemy's own text spans lines (the SQL, a link); the driver's first line is enough.
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        self.corrupt = type(cause) is sqlite3.DatabaseError
+        super().__init__(
+            f"the catalog index {_shown(url)} cannot be used ({reason}); run "
+            "`shardflow catalog reindex` to rebuild it from the manifests"
+        )
+
+
+def _shown(url: str) -> str:
+    """The URL without its password."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return url
+
+
 class Index:
-    """Versions and their parents in a SQLAlchemy database; connects on first use."""
+    """Versions and their parents in a SQLAlchemy database; connects on first use.
+
+    Every database error is raised as an :class:`IndexUnusable` (a :class:`CatalogError`)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -61,18 +89,41 @@ class Index:
             self._engine = sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
         return self._engine
 
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sa.exc.SQLAlchemyError as exc:
+            raise IndexUnusable(self.url, exc) from exc
+
     def ensure_tables(self) -> bool:
         """Create missing tables; True if the versions table was missing (index must be rebuilt)."""
-        missing = not sa.inspect(self.engine).has_table(versions_table.name)
-        with self.engine.begin() as conn:
-            for table in metadata.sorted_tables:
-                # IF NOT EXISTS: another process may create the tables between our check and here.
-                conn.execute(CreateTable(table, if_not_exists=True))
+        with self._errors():
+            missing = not sa.inspect(self.engine).has_table(versions_table.name)
+            with self.engine.begin() as conn:
+                for table in metadata.sorted_tables:
+                    # IF NOT EXISTS: another process may create them between our check and here.
+                    conn.execute(CreateTable(table, if_not_exists=True))
         return missing
+
+    def remove_garbled_file(self) -> bool:
+        """Delete a SQLite index file that is not a database (and its journals), so that it can
+        be built afresh; False if the index is not a SQLite file."""
+        url = sa.make_url(self.url)
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return False
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+        path = Path(url.database)
+        log.warning("catalog index %s is garbled; rebuilding it from the manifests", path)
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        return True
 
     def record(self, manifest: Manifest, manifest_path: str) -> None:
         """Insert or replace one version."""
-        with self.engine.begin() as conn:
+        with self._errors(), self.engine.begin() as conn:
             _delete(conn, manifest.name, manifest.version)
             _insert(conn, manifest, manifest_path)
 
@@ -83,7 +134,7 @@ class Index:
         are read: a version committed meanwhile is either read here or recorded after us.
         """
         count = 0
-        with self.engine.begin() as conn:
+        with self._errors(), self.engine.begin() as conn:
             conn.execute(parents_table.delete())
             conn.execute(versions_table.delete())
             for manifest, path in manifests():
@@ -93,7 +144,7 @@ class Index:
 
     def entries(self) -> set[tuple[str, str]]:
         """Every ``(name, version)`` in the index."""
-        with self.engine.connect() as conn:
+        with self._errors(), self.engine.connect() as conn:
             rows = conn.execute(sa.select(versions_table.c.name, versions_table.c.version))
             return {(r.name, r.version) for r in rows}
 
@@ -114,7 +165,7 @@ class Index:
                 parents_table.c.parent_version == parent.version,
             )
         query = query.order_by(versions_table.c.created, versions_table.c.version)
-        with self.engine.connect() as conn:
+        with self._errors(), self.engine.connect() as conn:
             return [(r.name, r.version) for r in conn.execute(query)]
 
 

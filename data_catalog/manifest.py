@@ -3,18 +3,38 @@
 ``manifest.json`` in a version directory lists every file with its size and sha256, the version's
 identity (parents, sources, parameters, code version) and free-form schema and statistics.
 Readers check :data:`FORMAT_VERSION` before trusting any other field.
+
+A committed manifest also carries ``manifest_digest``: the sha256 of its own content (every
+other field, as canonical JSON). :meth:`Manifest.from_json` refuses a manifest whose content no
+longer matches it (:class:`ManifestEdited`): a hand-edited row count or statistic is reported,
+not trusted. The digest has no key: it catches edits and corruption, not a forger who recomputes
+it (the catalog's checks of the fields against the files catch some of those). Manifests
+written before the field existed have none and stay readable.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from data_catalog.errors import CatalogError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+DIGEST_FIELD = "manifest_digest"
+# What `catalog verify` says of a manifest without a digest (written by shardflow before
+# manifests carried one): readable, but its own fields are not protected.
+NO_DIGEST_NOTE = (
+    "no manifest digest (written before manifests carried one); the files are checked, "
+    "the manifest's own fields are not protected against edits"
+)
+
+
+class ManifestEdited(CatalogError):
+    """A manifest whose content no longer matches the digest recorded when it was committed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +81,9 @@ class Manifest:
     rows: int
     files: tuple[FileEntry, ...]
     extra: dict[str, Any]
+    manifest_digest: str | None = None
+    """sha256 of every other field (:func:`content_sha256`), recorded when the version was
+    committed; None in manifests written before the catalog recorded it."""
 
     @property
     def ref(self) -> ParentRef:
@@ -93,20 +116,32 @@ class Manifest:
             ],
             "extra": self.extra,
         }
+        if self.manifest_digest is not None:
+            data[DIGEST_FIELD] = self.manifest_digest
         return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    def sealed(self) -> Manifest:
+        """This manifest with ``manifest_digest`` set to the digest of its content."""
+        data = json.loads(replace(self, manifest_digest=None).to_json())
+        return replace(self, manifest_digest=content_sha256(data))
 
     def content_digest(self) -> str:
         """sha256 of everything the manifest says except when it was written: two runs that
-        produced the same version, files, schema and statistics have the same digest."""
-        import hashlib
+        produced the same version, files, schema and statistics have the same digest.
 
+        Unlike ``manifest_digest`` (which covers ``created`` and so differs between such runs),
+        it leaves out ``created`` and the recorded digest itself.
+        """
         data = json.loads(self.to_json())
         del data["created"]
+        data.pop(DIGEST_FIELD, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        """Parse a manifest; raise :class:`CatalogError` if it is garbled or of another format."""
+    def from_json(cls, text: str, *, check_digest: bool = True) -> Manifest:
+        """Parse a manifest; raise :class:`CatalogError` if it is garbled or of another format,
+        and :class:`ManifestEdited` if its content no longer matches its recorded digest (unless
+        ``check_digest`` is False: for ``verify``, which goes on to check the fields)."""
         try:
             data = json.loads(text)
         except ValueError as exc:
@@ -120,7 +155,7 @@ class Manifest:
                 f"manifest format_version {data['format_version']!r} is not supported "
                 f"(this shardflow reads {FORMAT_VERSION}); upgrade shardflow"
             )
-        return cls(
+        manifest = cls(
             format_version=FORMAT_VERSION,
             name=_typed(data, "name", str),
             version=_typed(data, "version", str),
@@ -148,6 +183,24 @@ class Manifest:
             ),
             extra=_typed(data, "extra", dict),
         )
+        recorded = _optional_str(data, DIGEST_FIELD)
+        if check_digest and recorded is not None and recorded != content_sha256(data):
+            raise ManifestEdited(
+                f"manifest of {manifest.ref} was edited after it was committed: its content no "
+                f"longer matches its {DIGEST_FIELD}"
+            )
+        return replace(manifest, manifest_digest=recorded)
+
+
+def content_sha256(data: Mapping[str, Any]) -> str:
+    """sha256 of a manifest's JSON object without its ``manifest_digest``, as canonical JSON.
+
+    Computed from the parsed JSON rather than from the :class:`Manifest`, so that a field this
+    version of shardflow does not know (written by a newer one, or added by hand) counts too.
+    """
+    content = {k: v for k, v in data.items() if k != DIGEST_FIELD}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _typed(data: Any, key: str, kind: type[Any]) -> Any:
@@ -172,4 +225,11 @@ def _optional_int(data: Any, key: str) -> int | None:
     if isinstance(data, dict) and data.get(key) is None:
         return None
     value: int = _typed(data, key, int)
+    return value
+
+
+def _optional_str(data: dict[str, Any], key: str) -> str | None:
+    if data.get(key) is None:
+        return None
+    value: str = _typed(data, key, str)
     return value

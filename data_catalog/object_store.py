@@ -134,6 +134,15 @@ class ObjectStore:
                 size += len(chunk)
         return size, sha.hexdigest()
 
+    def parquet_counts(self, relative: str) -> tuple[int, int]:
+        """(rows, row groups) from a Parquet object's footer: ranged reads of its end, not the
+        whole object."""
+        import pyarrow.parquet as pq
+
+        with self.fs.open(self.path(relative), "rb") as f:
+            metadata = pq.read_metadata(f)
+        return int(metadata.num_rows), int(metadata.num_row_groups)
+
     def upload(self, local: Path, relative: str) -> None:
         self.fs.put_file(str(local), self.path(relative))
 

@@ -7,8 +7,11 @@ main ─ parser (flows.commands.*: stages, catalog, bench, server) ─ Settings 
 from __future__ import annotations
 
 import argparse
+import errno
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 from typing import NoReturn
 
 from data_catalog.errors import ConfigError, ShardflowError
@@ -70,7 +73,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a user error is one line on stderr and exit 1, an interruption
+    (Ctrl-C, or SIGTERM as `kill`, `timeout`, systemd, SLURM and Kubernetes send) one line and
+    exit 130, once the command has cleaned up after itself (its Dask cluster closed,
+    horovodrun and the ranks stopped, the Prefect flow run marked Crashed, the command's
+    Prefect server stopped)."""
+    # A Prefect flow run swaps in its own SIGTERM handler while it runs, and once it has
+    # recorded the crash sends the signal again to this one (prefect.utilities.engine's
+    # capture_sigterm).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run_command(argv)
+    except KeyboardInterrupt:
+        print("shardflow: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     from flows.console import Context
     from flows.logs import route_library_logs
     from flows.options import flag_for
@@ -94,11 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardflowError as exc:
         if args.debug:
             raise
-        print(f"shardflow: error: {exc}", file=sys.stderr)
+        print(f"shardflow: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("shardflow: interrupted", file=sys.stderr)
-        return 130
+    except OSError as exc:
+        # The machine refused: a full disk, a read-only or missing folder, no permission.
+        if args.debug or exc.errno not in _USER_FIXABLE:
+            raise
+        print(f"shardflow: error: {_describe_os_error(exc)}", file=sys.stderr)
+        return 1
     except Exception as exc:
         if args.debug:
             raise
@@ -109,6 +138,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+# errno values that name a state of the machine the user can change, not a bug.
+_USER_FIXABLE = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EFBIG,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EEXIST,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.ENAMETOOLONG,
+        errno.ENOTEMPTY,
+        errno.EMFILE,
+    }
+)
+_OS_ERROR_HINTS = {
+    errno.ENOSPC: "free some space and rerun (finished work is kept)",
+    errno.EDQUOT: "free some space and rerun (finished work is kept)",
+    errno.EFBIG: "a file size limit is in force (ulimit -f)",
+    errno.EROFS: "point SHARDFLOW_HOME (or the path given) at a writable filesystem",
+    errno.EACCES: "check the permissions, or point SHARDFLOW_HOME elsewhere",
+    errno.EPERM: "check the permissions, or point SHARDFLOW_HOME elsewhere",
+}
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _describe_os_error(exc: OSError) -> str:
+    """One line: what the system refused, on which path, and what to do about it."""
+    what = exc.strerror or _one_line(str(exc)) or type(exc).__name__
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    where = f" ({' -> '.join(map(str, paths))})" if paths else ""
+    hint = _OS_ERROR_HINTS.get(exc.errno or 0)
+    return _one_line(f"{what}{where}" + (f": {hint}" if hint else ""))
 
 
 if __name__ == "__main__":

@@ -146,5 +146,9 @@ def record_result(output: Path, result: Result) -> None:
     record = output.with_name(output.name + ".result.json")
     partial = partial_path(record)
     kept = {"output_bytes": output.stat().st_size, "result": result}
-    partial.write_text(json.dumps(kept, sort_keys=True))
-    os.replace(partial, record)
+    try:
+        partial.write_text(json.dumps(kept, sort_keys=True))
+        os.replace(partial, record)
+    finally:
+        # A full disk must not keep a partial record: it holds the space the rerun needs.
+        partial.unlink(missing_ok=True)

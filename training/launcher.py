@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from data_catalog.errors import ShardflowError
 from training import models
 from training.config import TrainConfig
 from training.input import SplitLayout
-from training.worker import WorkerConfig
+from training.worker import WorkerConfig, last_checkpoint
 
 Progress = Callable[[str], None]
 
@@ -158,7 +158,8 @@ def train(
         f"train: {config.num_ranks} ranks x {steps} steps x {config.batch_size} per batch, "
         f"{config.epochs} epochs, on {processed.name}@{processed.version}"
     )
-    launch(config, run_dir, progress)
+    with _run_dir_kept_only_with_checkpoints(run_dir):
+        launch(config, run_dir, progress)
     metrics = json.loads((run_dir / "metrics.json").read_text())
 
     with catalog.stage(name, kind="model") as stage:
@@ -192,6 +193,19 @@ def train(
     return manifest, metrics
 
 
+@contextlib.contextmanager
+def _run_dir_kept_only_with_checkpoints(run_dir: Path) -> Iterator[None]:
+    """Remove ``run_dir`` when the block fails before any checkpoint was written there (a
+    failed launch leaves nothing to ``--resume`` from, only a folder); keep it when it holds a
+    checkpoint."""
+    try:
+        yield
+    except BaseException:
+        if last_checkpoint(run_dir / "checkpoints")[1] is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
 def horovodrun_command(
     config: TrainConfig,
     run_dir: Path,
@@ -212,25 +226,66 @@ def horovodrun_command(
     return [*command, python, "-m", "training.worker", str(run_dir / "worker.json")]
 
 
+# How long horovodrun may take to stop its ranks once asked: its middlemen give each rank 5 s
+# after SIGTERM before SIGKILL (horovod/runner/common/util/safe_shell_exec.py).
+STOP_SECONDS = 15.0
+
+
 def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
-    """Run `horovodrun` on the worker config in ``run_dir``; raises ShardflowError on failure."""
+    """Run `horovodrun` on the worker config in ``run_dir``; raises ShardflowError on failure.
+
+    horovodrun runs through :mod:`training.horovodrun` (it dies with this process; its
+    rendezvous server binds loopback for local runs) in a session of its own, so that a
+    Ctrl-C in the terminal reaches only this process, which then stops it (:func:`_stop`)
+    before the interruption goes on.
+    """
     if config.controller == "mpi":
         require_mpi()
-    command = horovodrun_command(config, run_dir, horovodrun=find_horovodrun())
+    find_horovodrun()  # Horovod is installed
+    command = [
+        *(sys.executable, "-m", "training.horovodrun", "--parent", str(os.getpid())),
+        *horovodrun_command(config, run_dir)[1:],
+    ]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     progress("$ " + " ".join(command))
     tail: deque[str] = deque(maxlen=200)
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip()
-            tail.append(line)
-            progress(line)
-        returncode = proc.wait()
+        try:
+            for line in proc.stdout:
+                line = line.rstrip()
+                tail.append(line)
+                progress(line)
+            returncode = proc.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, SIGTERM, a Prefect crash): no rank outlives this call.
+            _stop(proc)
+            raise
     if returncode != 0:
         raise ShardflowError(_failure_message(returncode, list(tail)))
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop horovodrun and its ranks: SIGTERM, which its own handler turns into stopping every
+    rank; SIGKILL to its process group after ``STOP_SECONDS`` (the ranks' middlemen, in
+    sessions of their own, then stop their ranks when horovodrun's end of their pipe closes)."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        # Reading on, so that horovodrun never blocks on a full pipe while it stops.
+        proc.communicate(timeout=STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def require_mpi() -> None:

@@ -27,10 +27,16 @@ def manifest_json(catalog: Any, manifest: Any) -> dict[str, Any]:
 
 
 def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
+    from data_catalog import Problem
+
     catalog = ctx.settings.catalog()
     rows = []
+    # A manifest that cannot be read is named, never allowed to hide the rest of the catalog.
+    unreadable: list[Problem] = []
     for name in catalog.names():
-        versions = catalog.versions(name)
+        versions = catalog.versions(name, unreadable=unreadable)
+        if not versions:
+            continue
         latest = versions[-1]
         rows.append(
             {
@@ -48,9 +54,23 @@ def cmd_list(ctx: Context, args: argparse.Namespace) -> int:
         for r in rows
     ]
     root = ctx.settings.catalog_root
-    if not rows:
+    if not rows and not unreadable:
         lines = [f"the catalog at {root} is empty; start with `shardflow ingest`"]
-    ctx.emit({"datasets": rows, "root": str(root)}, lines)
+    lines += [f"UNREADABLE {p.path}: {p.reason}" for p in unreadable]
+    ctx.emit(
+        {
+            "datasets": rows,
+            "root": str(root),
+            "unreadable": [{"path": p.path, "reason": p.reason} for p in unreadable],
+        },
+        lines,
+    )
+    if unreadable:
+        print(
+            f"shardflow: warning: {len(unreadable)} manifest(s) could not be read and are "
+            "left out; run `shardflow catalog verify` for details",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -71,16 +91,30 @@ def cmd_show(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
+    from data_catalog.errors import CatalogError, NotFound
+    from preprocessing.verify_processed import check_processed
+
     catalog = ctx.settings.catalog()
     name, version = _split_ref(args.ref) if args.ref else (None, None)
     if name is not None:
-        catalog.get(name, version)  # an unknown name is an error, not a clean bill of health
-    problems = catalog.verify(name, version)
+        try:
+            catalog.get(name, version)  # an unknown name is an error, not a clean bill of health
+        except NotFound:
+            raise
+        except CatalogError:
+            pass  # an edited or garbled manifest: the report below names it
+    report = catalog.verify_report(name, version, checks=[check_processed])
+    problems, notes = report.problems, report.notes
     result = {
         "ok": not problems,
+        "versions": report.versions,
         "problems": [{"path": p.path, "reason": p.reason} for p in problems],
+        "notes": [{"path": p.path, "reason": p.reason} for p in notes],
     }
-    lines = [f"BAD {p.path}: {p.reason}" for p in problems] or ["all files match their manifests"]
+    lines = [f"BAD {p.path}: {p.reason}" for p in problems]
+    lines += [f"NOTE {p.path}: {p.reason}" for p in notes]
+    if not problems:
+        lines.append(f"{report.versions} versions: all files and manifests match")
     ctx.emit(result, lines)
     if problems:
         for p in problems:
@@ -110,8 +144,14 @@ def cmd_lineage(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_gc(ctx: Context, args: argparse.Namespace) -> int:
+    """The catalog's leftovers (staging of dead writers, versions without manifest), then the
+    work folders no live run holds and the download cache's stale entries; never a committed
+    version, never a run folder."""
+    from preprocessing.work_gc import DEFAULT_MIN_AGE, remove_unused_work
+
     catalog = ctx.settings.catalog()
-    removed = catalog.gc() if catalog.is_local else catalog.gc_urls()
+    removed: list[Any] = list(catalog.gc() if catalog.is_local else catalog.gc_urls())
+    removed += remove_unused_work(ctx.settings.work_dir, min_age=DEFAULT_MIN_AGE)
     ctx.emit(
         {"removed": [str(p) for p in removed]},
         [f"removed {p}" for p in removed] or ["nothing to remove"],
@@ -135,7 +175,12 @@ ACTIONS: dict[str, tuple[Handler, str, str | None]] = {
         "[NAME[@VERSION]]",
     ),
     "lineage": (cmd_lineage, "the tree of parents back to the raw sources", "NAME[@VERSION]"),
-    "gc": (cmd_gc, "remove leftover staging and uncommitted files", None),
+    "gc": (
+        cmd_gc,
+        "remove leftover staging, uncommitted files, work folders of no live run and "
+        "stale downloads (untouched for an hour)",
+        None,
+    ),
     "reindex": (cmd_reindex, "rebuild the index from the manifests", None),
 }
 

@@ -57,18 +57,16 @@ def cmd_server(ctx: Context, args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    # Its own session: a Ctrl-C in the terminal reaches this command only, which stops the
+    # server (SIGINT: uvicorn's graceful shutdown); SIGTERM to this command does the same
+    # (flows.cli.main); a killed command takes the server with it (die_with_parent).
     server = subprocess.Popen(
         [PREFECT, "server", "start", "--host", args.host, "--port", str(args.port)],
         env=env,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,
         preexec_fn=die_with_parent,
     )
-
-    def stop(_signum: int, _frame: Any) -> None:
-        # SIGTERM (systemd, SLURM, Kubernetes, `timeout`) stops the server as Ctrl-C does.
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
     try:
         return server.wait()
     except KeyboardInterrupt:

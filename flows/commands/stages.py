@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from data_catalog.errors import ConfigError
 from flows import options, results
 from flows.console import Context
 from preprocessing import datasets
@@ -48,9 +50,21 @@ def _train_config(args: argparse.Namespace) -> Any:
     return options.build(TrainConfig, args, "train")
 
 
+def _quiet_libraries(ctx: Context) -> None:
+    """Without --verbose, stderr holds nothing but a failure's one line: keep the libraries'
+    warnings (astropy on a damaged FITS file, in the Dask workers too) and TensorFlow's
+    start-up lines off it. The workers of a LocalCluster inherit this environment."""
+    if ctx.verbose:
+        return
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    warnings.simplefilter("ignore")
+
+
 def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
+    _quiet_libraries(ctx)
     request, cluster = _ingest_request(args), _cluster(args)
     with ctx.pass_progress() as on_progress:
         result = stages.ingest(
@@ -68,6 +82,7 @@ def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
+    _quiet_libraries(ctx)
     options, cluster = _job_options(args), _cluster(args)
     with ctx.pass_progress() as on_progress:
         result = stages.preprocess(
@@ -85,6 +100,7 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
 def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
+    _quiet_libraries(ctx)
     result = stages.train(ctx.settings, args.dataset, _train_config(args), progress=ctx.progress)
     ctx.emit(result, [results.train_summary(result)])
     return 0
@@ -100,6 +116,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         _cluster(args),
         _train_config(args),
     )
+    _quiet_libraries(ctx)
     if not ctx.verbose:
         # Prefect's console log stays quiet (the flow run's logs still reach its API and UI).
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
@@ -127,7 +144,7 @@ def cmd_synth(ctx: Context, args: argparse.Namespace) -> int:
     from preprocessing.datasets import SynthRequest
 
     request = options.build(SynthRequest, args, "synth")
-    request = replace(request, out=Path(request.out).expanduser().resolve())
+    request = replace(request, out=_writable_folder(Path(request.out).expanduser().resolve()))
     paths = datasets.dataset(args.dataset).synth(request)
     ctx.emit(
         {
@@ -142,6 +159,21 @@ def cmd_synth(ctx: Context, args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+def _writable_folder(out: Path) -> Path:
+    """``out`` if it is a folder, or can be made one, that this process may write into;
+    nothing is created here (a request refused later leaves nothing behind)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", f"{out} is a file: give a folder (it is made if missing)")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError("out", f"{out} cannot be made: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError("out", f"{out} cannot be written: {existing} is not writable")
+    return out
 
 
 def register(commands: Any, common: argparse.ArgumentParser) -> None:

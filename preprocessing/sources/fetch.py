@@ -22,6 +22,7 @@ rename wins and both get the whole file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -33,12 +34,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from preprocessing.sources.errors import SourceError
 
-__all__ = ["DownloadError", "Fetched", "fetch", "forget", "sha256_file"]
+__all__ = ["DownloadError", "Fetched", "fetch", "forget", "sha256_file", "sweep_cache"]
 
 Progress = Callable[[str], None]
 
@@ -243,6 +245,26 @@ def forget(urls: Iterable[str], *, cache: Path | None) -> None:
         _sweep(cache, url)
 
 
+def sweep_cache(cache: Path, *, min_age: timedelta) -> list[Path]:
+    """Remove the entries of the download ``cache`` not fetched or reused for ``min_age``, and
+    its partial files whose process is gone or that were not written to for ``min_age``;
+    returns what it removed. Safe next to running fetches: a fetch that finds its entry gone
+    fetches again, and files placed from an entry are hard links or copies of it."""
+    removed: list[Path] = []
+    horizon = time.time() - min_age.total_seconds()
+    for path in sorted(cache.iterdir()):
+        try:
+            stale = path.stat().st_mtime < horizon
+        except FileNotFoundError:
+            continue
+        if path.name.endswith(".part"):
+            stale = stale or _abandoned(path)
+        if stale and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 # ---------------------------------------------------------------------------------------------
 # The download cache
 
@@ -284,6 +306,10 @@ def _reuse(url: str, entry: Path, record: Path, dest: Path) -> Fetched | None:
     if digest != expected:
         dest.unlink()
         return None
+    # Used now: `sweep_cache` removes the entries unused longest.
+    for path in (entry, record):
+        with contextlib.suppress(OSError):
+            os.utime(path)
     return Fetched(digest, size)
 
 

@@ -29,6 +29,12 @@ from data_catalog.errors import ShardflowError
 
 GZIP_MAGIC = b"\x1f\x8b"
 UBYTE = 0x08
+# The largest image side accepted unless a dataset says otherwise: MNIST-style sets are 28 x 28;
+# a header declaring far more (8000 x 8000 in a 260 KB file) is hostile or broken.
+MAX_IMAGE_SIDE = 256
+# Deflate cannot compress better than about 1032:1, so a gzip file of n bytes holds at most
+# this many times n bytes: a header declaring more is refused before anything is inflated.
+_GZIP_MAX_RATIO = 1032
 # Type codes of the IDX format; only unsigned bytes occur in the datasets we read.
 _TYPE_NAMES = {
     0x08: "ubyte",
@@ -103,18 +109,20 @@ def read_header(f: io.BufferedIOBase, path: str | os.PathLike[str]) -> IdxHeader
     return IdxHeader(type_code=type_code, shape=tuple(int(d) for d in dims))
 
 
-def _data_size(path: str | os.PathLike[str], header: IdxHeader) -> int:
-    """Bytes of data after the header, without holding the data in memory."""
+def _data_size(path: str | os.PathLike[str], header: IdxHeader, *, limit: int) -> int:
+    """Bytes of data after the header, without holding the data in memory; a gzip file is
+    inflated only until it holds more than ``limit`` bytes (then a size past it is returned)."""
     if not is_gzip(path):
         return os.path.getsize(path) - header.offset
     size = 0
     with gzip.open(path, "rb") as f:
         f.seek(header.offset)
-        while True:
+        while size <= limit:
             chunk = _read_chunk(f, path)
             if not chunk:
                 return size
             size += len(chunk)
+    return size
 
 
 def _read_chunk(f: io.BufferedIOBase, path: str | os.PathLike[str]) -> bytes:
@@ -134,37 +142,80 @@ class IdxPair:
     image_shape: tuple[int, int]
 
 
-def inspect(path: str | os.PathLike[str], *, num_dims: int) -> IdxHeader:
-    """Read and check the header of ``path`` against its size; returns the header."""
+def inspect(
+    path: str | os.PathLike[str], *, num_dims: int, max_side: int = MAX_IMAGE_SIDE
+) -> IdxHeader:
+    """Read and check the header of ``path`` against its size; returns the header.
+
+    The header is checked before any data is read (type, rank, no empty dimension, image
+    sides at most ``max_side``, no more data declared than the file can hold), and a gzip file
+    is inflated only up to the size the header declares."""
     with _open(path) as f:
         header = read_header(f, path)
-    _check_header(path, header, num_dims, _data_size(path, header))
+    _check_declared(path, header, num_dims, max_side)
+    expected = header.count * header.item_bytes
+    _check_header(path, header, num_dims, _data_size(path, header, limit=expected))
     return header
 
 
-def _check_header(
-    path: str | os.PathLike[str], header: IdxHeader, num_dims: int, found: int
+def _check_declared(
+    path: str | os.PathLike[str], header: IdxHeader, num_dims: int, max_side: int
 ) -> None:
-    """Refuse a header of another type or rank, or one whose records ``found`` bytes of data
-    do not hold exactly."""
+    """Refuse, from the header alone, what no data could make acceptable: another type or
+    rank, an empty dimension, images larger than ``max_side`` on a side, or more data declared
+    than the file's size can hold."""
     if header.type_code != UBYTE:
         raise IdxError(f"{path}: IDX type {_TYPE_NAMES[header.type_code]}, expected ubyte (0x08)")
     if len(header.shape) != num_dims:
         raise IdxError(
             f"{path}: {len(header.shape)}-dimensional IDX, expected {num_dims} dimensions"
         )
+    if header.count == 0:
+        raise IdxError(f"{path}: header declares 0 records; the file holds no data")
+    if 0 in header.shape[1:]:
+        raise IdxError(f"{path}: header declares records of shape {header.shape[1:]}: empty")
+    if any(side > max_side for side in header.shape[1:]):
+        raise IdxError(
+            f"{path}: header declares images of {' x '.join(map(str, header.shape[1:]))} "
+            f"pixels; this dataset takes at most {max_side} x {max_side}"
+        )
+    declared = header.count * header.item_bytes
+    stored = os.path.getsize(path)
+    if is_gzip(path):
+        most = stored * _GZIP_MAX_RATIO
+        if declared > most:
+            raise IdxError(
+                f"{path}: header declares {header.count:,} records ({declared:,} bytes), more "
+                f"than a {stored:,}-byte gzip file can hold"
+            )
+    elif declared > stored - header.offset:
+        raise IdxError(
+            f"{path}: header declares {header.count} records of shape {header.shape[1:]} "
+            f"({declared} bytes) but the file holds {max(0, stored - header.offset)} bytes of "
+            "data (truncated?)"
+        )
+
+
+def _check_header(
+    path: str | os.PathLike[str], header: IdxHeader, num_dims: int, found: int
+) -> None:
+    """Refuse a header whose records ``found`` bytes of data do not hold exactly (the header
+    itself passed :func:`_check_declared`)."""
     expected = header.count * header.item_bytes
     if found != expected:
         raise IdxError(
             f"{path}: header declares {header.count} records of shape {header.shape[1:]} "
-            f"({expected} bytes) but the file holds {found} bytes of data"
-            + (" (truncated?)" if found < expected else "")
+            f"({expected} bytes) but the file holds {'more than ' if found > expected else ''}"
+            f"{found} bytes of data" + (" (truncated?)" if found < expected else "")
         )
 
 
-def decompressed_copy(path: str | os.PathLike[str], dest: Path, *, num_dims: int) -> dict[str, Any]:
+def decompressed_copy(
+    path: str | os.PathLike[str], dest: Path, *, num_dims: int, max_side: int = MAX_IMAGE_SIDE
+) -> dict[str, Any]:
     """Check a gzipped IDX file as :func:`inspect` does and write its decompressed bytes to
     ``dest`` (whole or absent), in one read; returns {"header", "sha256", "bytes"} of the copy.
+    Nothing is inflated past the size the header declares.
 
     Shard writers then seek in the copy instead of inflating one serial gzip stream again."""
     digest = hashlib.sha256()
@@ -172,11 +223,13 @@ def decompressed_copy(path: str | os.PathLike[str], dest: Path, *, num_dims: int
     try:
         with gzip.open(path, "rb") as f, open(partial, "wb") as out:
             header = read_header(f, path)
+            _check_declared(path, header, num_dims, max_side)
+            expected = header.count * header.item_bytes
             head = encode_header(header)
             out.write(head)
             digest.update(head)
             size = 0
-            while chunk := _read_chunk(f, path):
+            while size <= expected and (chunk := _read_chunk(f, path)):
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)

@@ -58,6 +58,9 @@ class ImageSet:
     known_md5_of: str
     # Digits must never be mirrored; clothes and objects may.
     flips_allowed: bool
+    # The largest image side accepted. The real sets are 28 x 28; the cap leaves room for
+    # MNIST-like sets of other sizes while refusing a header that declares gigapixel images.
+    max_image_side: int = idx.MAX_IMAGE_SIDE
 
 
 DATASETS: dict[str, ImageSet] = {
@@ -201,27 +204,56 @@ def fetch_task(
     num_classes: int,
     expected_md5: str | None,
     md5_decompressed: bool,
+    max_side: int = idx.MAX_IMAGE_SIDE,
 ) -> dict[str, Any]:
     """Fetch one IDX file into the job's folder (through the download cache) and check it
-    whole: magic, dimensions, size against the header, label range, and the published md5
-    when the source is a default one."""
+    whole: magic, dimensions (images at most ``max_side`` on a side, no empty dimension), size
+    against the header, label range, and the published md5 when the source is a default one.
+
+    A file refused keeps no copy behind: not in the job's folder, not in the download cache."""
     dest = Path(work) / file.name
     recorded = recorded_result(dest)
     if recorded is not None:
         return {**recorded, "reused": True}
-    digest, size = fetch(file.url, dest, cache=Path(cache) if cache else None)
+    cache_dir = Path(cache) if cache else None
+    digest, size = fetch(file.url, dest, cache=cache_dir)
+    try:
+        result = _checked_fetch(
+            file, dest, Path(work), num_classes, expected_md5, md5_decompressed, max_side
+        )
+    except ShardflowError:
+        # Refused data: the next run fetches it again (its source may be fixed by then).
+        dest.unlink(missing_ok=True)
+        (Path(work) / file.stem).unlink(missing_ok=True)
+        forget([file.url], cache=cache_dir)
+        raise
+    result.update(sha256=digest, bytes=size)
+    record_result(dest, result)
+    return result
+
+
+def _checked_fetch(
+    file: IdxFile,
+    dest: Path,
+    work: Path,
+    num_classes: int,
+    expected_md5: str | None,
+    md5_decompressed: bool,
+    max_side: int,
+) -> dict[str, Any]:
+    """The checks of :func:`fetch_task` on the fetched file; its result but the digest."""
     num_dims = 3 if "images" in file.stem else 1
     copy: dict[str, Any] | None = None
     if idx.is_gzip(dest):
         # Checked while decompressed once, here: the preprocessing's shard writers seek in the
         # copy instead of each inflating the serial gzip stream (or a decode pass doing it).
-        copy = idx.decompressed_copy(dest, Path(work) / file.stem, num_dims=num_dims)
+        copy = idx.decompressed_copy(dest, work / file.stem, num_dims=num_dims, max_side=max_side)
         header = copy.pop("header")
         copy["file"] = file.stem
     else:
-        header = idx.inspect(dest, num_dims=num_dims)
+        header = idx.inspect(dest, num_dims=num_dims, max_side=max_side)
     if "labels" in file.stem:
-        idx.check_labels(Path(work) / file.stem if copy else dest, num_classes=num_classes)
+        idx.check_labels(work / file.stem if copy else dest, num_classes=num_classes)
     if expected_md5 is not None:
         md5 = _md5(dest, decompressed=md5_decompressed)
         if md5 != expected_md5:
@@ -230,17 +262,14 @@ def fetch_task(
                 f"{file.name} from the default source has md5 {md5}, expected {expected_md5} "
                 f"({of}); the mirror is corrupt"
             )
-    result = {
+    result: dict[str, Any] = {
         "stem": file.stem,
         "file": file.name,
-        "sha256": digest,
-        "bytes": size,
         "records": header.count,
         "shape": list(header.shape[1:]),
     }
     if copy is not None:
         result["decompressed"] = copy
-    record_result(dest, result)
     return result
 
 
@@ -282,16 +311,28 @@ class IdxJob:
                     self.dataset.num_classes,
                     self.dataset.known_md5[file.stem] if self.canonical else None,
                     self.dataset.known_md5_of == "decompressed",
+                    self.dataset.max_image_side,
                 ),
             )
             for file in self.files
         ]
 
     def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
-        fetched = {r["stem"]: r for r in done["fetch"]}
-        counts: dict[str, int] = {}
-        shapes: dict[str, tuple[int, ...]] = {}
-        for split, prefix in (("train", "train"), ("test", "t10k")):
+        try:
+            self._check_splits({r["stem"]: r for r in done["fetch"]})
+        except SourceError:
+            # Refused data: the download cache keeps no copy of it.
+            self._forget()
+            raise
+        return self._commit(stage, done, work)
+
+    def _forget(self) -> None:
+        forget([file.url for file in self.files], cache=Path(self.cache) if self.cache else None)
+
+    def _check_splits(self, fetched: dict[str, dict[str, Any]]) -> None:
+        """Refuse pairs whose counts differ, and splits whose image shapes differ."""
+        shapes = {}
+        for prefix in ("train", "t10k"):
             images, labels = (
                 fetched[f"{prefix}-images-idx3-ubyte"],
                 fetched[f"{prefix}-labels-idx1-ubyte"],
@@ -301,13 +342,20 @@ class IdxJob:
                     f"{images['file']} holds {images['records']} images but {labels['file']} "
                     f"holds {labels['records']} labels"
                 )
-            counts[split] = int(images["records"])
-            shapes[split] = tuple(images["shape"])
-        if shapes["train"] != shapes["test"]:
+            shapes[prefix] = tuple(images["shape"])
+        if shapes["train"] != shapes["t10k"]:
             raise SourceError(
-                f"train images are {shapes['train']}, test images {shapes['test']}: "
+                f"train images are {shapes['train']}, test images {shapes['t10k']}: "
                 "the files are from different datasets"
             )
+
+    def _commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
+        fetched = {r["stem"]: r for r in done["fetch"]}
+        counts = {
+            split: int(fetched[f"{prefix}-images-idx3-ubyte"]["records"])
+            for split, prefix in (("train", "train"), ("test", "t10k"))
+        }
+        shapes = {"train": tuple(fetched["train-images-idx3-ubyte"]["shape"])}
         described = {}
         decompressed = {}
         for file in self.files:
@@ -356,7 +404,7 @@ class IdxJob:
             described=described,
         )
         # The catalog holds the bytes now.
-        forget([file.url for file in self.files], cache=Path(self.cache) if self.cache else None)
+        self._forget()
         return manifest
 
 

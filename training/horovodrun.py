@@ -1,0 +1,92 @@
+"""horovodrun as the launcher runs it: ``python -m training.horovodrun --parent PID ARGS...``
+is ``horovodrun ARGS...`` with two changes, both for things Horovod 0.28.1 offers no option for.
+
+- **It dies with its parent.** horovodrun keeps running, and its ranks keep training, when the
+  process that started it is killed (SIGKILL leaves no chance to stop it). Here it asks Linux
+  for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``); horovodrun's own SIGTERM handler
+  (``gloo_run.register_shutdown_event``) then has each rank's middleman stop its rank
+  (``safe_shell_exec.terminate_executor_shell_and_children``: SIGTERM, SIGKILL after 5 s).
+- **Its Gloo rendezvous server listens only where the ranks reach it.** horovodrun binds it to
+  every interface (``util/network.py`` ``find_port`` binds ``('', port)``), even for
+  ``-H localhost:N``. Here it binds the address horovodrun gives the ranks
+  (``HOROVOD_GLOO_RENDEZVOUS_ADDR``, ``network.get_driver_ip`` of the chosen interfaces):
+  127.0.0.1 when every host is local, the chosen interface's address otherwise.
+
+What else listens during a run, and why it is left as it is: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+USAGE = "usage: python -m training.horovodrun --parent PID HOROVODRUN_ARGS..."
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGTERM to this process when its parent dies, even by SIGKILL (Linux only).
+
+    flows/prefect_server.py has a ``preexec_fn`` twin; this one runs after exec, in the child's
+    own interpreter, because ``preexec_fn`` is unsafe in a parent with threads (a Prefect flow
+    run has many) and training must not import flows. It also closes the window before the
+    request took effect: a parent already gone is noticed by the changed parent pid.
+    """
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+    except (OSError, AttributeError):  # not Linux: nothing to ask for
+        return
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def bind_rendezvous_to_driver_address() -> None:
+    """Make horovodrun's Gloo rendezvous server bind the address the ranks are told to use.
+
+    ``gloo_run.launch_gloo`` receives that address (``server_ip``) and starts
+    ``http_server.RendezvousServer``, whose ``start`` finds a free port with ``find_port``
+    on ``('', port)``; for the duration of ``launch_gloo``, ``find_port`` gets the address.
+    """
+    from horovod.runner import gloo_run
+    from horovod.runner.http import http_server
+
+    launch_gloo: Callable[..., Any] = gloo_run.launch_gloo
+    find_port: Callable[..., Any] = http_server.find_port
+
+    def launch_gloo_bound(
+        command: Any, exec_command: Any, settings: Any, nics: Any, env: Any, server_ip: str
+    ) -> Any:
+        def find_port_on_server_ip(server_factory: Callable[[tuple[str, int]], Any]) -> Any:
+            return find_port(lambda address: server_factory((server_ip, address[1])))
+
+        http_server.find_port = find_port_on_server_ip
+        try:
+            return launch_gloo(command, exec_command, settings, nics, env, server_ip)
+        finally:
+            http_server.find_port = find_port
+
+    gloo_run.launch_gloo = launch_gloo_bound
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or args[0] != "--parent" or not args[1].isdigit():
+        print(USAGE, file=sys.stderr)
+        return 2
+    # First, before the slow imports: the parent may be killed while they run.
+    die_with_parent(int(args[1]))
+    bind_rendezvous_to_driver_address()
+    from horovod.runner.launch import run_commandline
+
+    sys.argv = ["horovodrun", *args[2:]]
+    run_commandline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
