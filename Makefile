@@ -10,6 +10,8 @@ STAMP := $(VENV)/.setup-done
 HOROVOD_VERSION := 0.28.1
 FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 CHROMIUM := /usr/bin/chromium
+DOCKER_COMPOSE := /usr/bin/docker-compose
+SSHD := /usr/sbin/sshd
 MNIST_5K := .cache/mnist_5k.csv.gz
 # The first 20 real CIFAR-10 test images ship in foolbox's wheel (docs: shared DATA.md).
 FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
@@ -50,6 +52,18 @@ $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium
 
+# Debian's docker-compose 1.29, for the test that validates deploy/compose.yaml with
+# `docker-compose config` (tests only: no container engine is needed or used).
+$(DOCKER_COMPOSE):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq docker-compose
+
+# Debian's OpenSSH server and client, for the tests that run horovodrun across namespaced hosts
+# (tests only: each test starts its own sshd inside its namespaces, on a throwaway key).
+$(SSHD):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openssh-server openssh-client
+
 # A PostgreSQL server for the test of the catalog index on a shared database (tests only;
 # the test starts its own throwaway cluster on a free loopback port).
 postgres-server:
@@ -77,7 +91,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy data_catalog preprocessing training flows
 
-test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) postgres-server lint
+test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) $(DOCKER_COMPOSE) $(SSHD) postgres-server lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q
 
 test-fast: $(STAMP) lint
