@@ -57,10 +57,13 @@ class IndexUnusable(CatalogError):
         # SQLAlchemy's own text spans lines (the SQL, a link); the driver's first line is enough.
         reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         self.corrupt = type(cause) is sqlite3.DatabaseError
-        super().__init__(
-            f"the catalog index {_shown(url)} cannot be used ({reason}); run "
-            "`shardflow catalog reindex` to rebuild it from the manifests"
+        # A read-only index is not fixed by rebuilding it (which writes it).
+        remedy = (
+            "point SHARDFLOW_HOME (or SHARDFLOW_CATALOG) at a writable filesystem"
+            if "readonly" in reason.replace("-", "").replace(" ", "").lower()
+            else "run `shardflow catalog reindex` to rebuild it from the manifests"
         )
+        super().__init__(f"the catalog index {_shown(url)} cannot be used ({reason}); {remedy}")
 
 
 def _shown(url: str) -> str:

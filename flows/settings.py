@@ -38,10 +38,13 @@ class Settings:
         """The settings of this process; ``home`` (a flow parameter) overrides the env."""
         chosen = home or environ.get("SHARDFLOW_HOME") or DEFAULT_HOME
         path = Path(chosen).expanduser().resolve()
-        if path.exists() and not path.is_dir():
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            where = "is a file" if existing == path else f"cannot be made: {existing} is a file"
             raise ShardflowError(
-                f"SHARDFLOW_HOME {path} is a file; point it at a directory (it is created if "
-                "missing)"
+                f"SHARDFLOW_HOME {path} {where}; point it at a directory (it is created if missing)"
             )
         return cls(
             home=path,

@@ -32,6 +32,11 @@ MIN_MEMORY_LIMIT = 512 * 2**20
 _SCHEDULER_ADDRESS = re.compile(
     r"(tcp|tls|ws|wss|ucx)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/?"
 )
+CLUSTERS = ("local", "slurm")
+# sbatch --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+_INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +51,20 @@ class ClusterConfig:
     catalog's directory at the same path."""
     memory_limit: str = DEFAULT_MEMORY_LIMIT
     """Per-worker memory limit of the LocalCluster, in Dask's notation ("2GiB", "500MB")."""
+    cluster: str = "local"
+    """"local": a LocalCluster of ``workers``; "slurm": ``workers`` SLURM jobs of one Dask
+    worker each (one core, ``memory_limit``), through dask-jobqueue's SLURMCluster."""
+    slurm_partition: str | None = None
+    """The worker jobs' partition (sbatch -p); None: the cluster's default."""
+    slurm_account: str | None = None
+    """The account the worker jobs are charged to (sbatch -A); None: the user's default."""
+    slurm_walltime: str = "01:00:00"
+    """Time limit of each worker job (sbatch -t)."""
+    slurm_interface: str | None = None
+    """The interface the scheduler and the workers talk over (ib0); None: the scheduler binds
+    the address this host's name resolves to and the workers the one that reaches it."""
+    slurm_start_timeout: float = 300.0
+    """Seconds to wait for the first worker job to start and join."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -72,6 +91,38 @@ class ClusterConfig:
                     f"{self.scheduler!r} is not a scheduler address; give one like "
                     "tcp://10.0.0.5:8786",
                 )
+        self._check_slurm()
+
+    def _check_slurm(self) -> None:
+        if self.cluster not in CLUSTERS:
+            raise ConfigError(
+                "cluster", f"must be one of {', '.join(CLUSTERS)}, got {self.cluster!r}"
+            )
+        if self.cluster == "slurm" and self.scheduler is not None:
+            raise ConfigError(
+                "cluster", "slurm starts its own scheduler: give --cluster slurm or --scheduler"
+            )
+        for name in ("slurm_partition", "slurm_account"):
+            value = getattr(self, name)
+            if value is not None and not _SLURM_NAME.fullmatch(value):
+                raise ConfigError(name, f"{value!r} is not a SLURM partition or account name")
+        if not _SLURM_TIME.fullmatch(self.slurm_walltime):
+            raise ConfigError(
+                "slurm_walltime",
+                f"{self.slurm_walltime!r}: give a time sbatch takes, such as 01:00:00 or 2-00:00",
+            )
+        if self.slurm_interface is not None and not _INTERFACE.fullmatch(self.slurm_interface):
+            raise ConfigError(
+                "slurm_interface", f"{self.slurm_interface!r} is not an interface name such as ib0"
+            )
+        timeout = self.slurm_start_timeout
+        if (
+            not isinstance(timeout, int | float)
+            or isinstance(timeout, bool)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigError("slurm_start_timeout", f"must be a positive number, got {timeout}")
 
 
 FORMATS = ("parquet", "petastorm")

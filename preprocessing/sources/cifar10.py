@@ -46,6 +46,7 @@ import numpy.typing as npt
 from data_catalog import Catalog, FileEntry, Manifest, Staging
 from preprocessing.driver import Result, Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import crash_point, partial_path, record_result, recorded_result
+from preprocessing.sources import task_progress
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import fetch, forget
 
@@ -483,7 +484,12 @@ def extract_task(archive: str, label: str, cache: str | None, work: str) -> Resu
         if _is_remote(archive):
             download = partial_path(folder / "archive")
             try:
-                fetch(archive, download, cache=Path(cache) if cache is not None else None)
+                fetch(
+                    archive,
+                    download,
+                    cache=Path(cache) if cache is not None else None,
+                    progress=task_progress.retries_only,
+                )
                 extracted = _extract(download, folder, label)
             finally:
                 download.unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from data_catalog import Catalog, FileEntry, Manifest, Staging
 from data_catalog.errors import ShardflowError
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import record_result, recorded_result
-from preprocessing.sources import idx
+from preprocessing.sources import idx, task_progress
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import fetch, forget
 
@@ -216,7 +216,7 @@ def fetch_task(
     if recorded is not None:
         return {**recorded, "reused": True}
     cache_dir = Path(cache) if cache else None
-    digest, size = fetch(file.url, dest, cache=cache_dir)
+    digest, size = fetch(file.url, dest, cache=cache_dir, progress=task_progress.retries_only)
     try:
         result = _checked_fetch(
             file, dest, Path(work), num_classes, expected_md5, md5_decompressed, max_side

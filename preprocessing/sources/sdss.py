@@ -26,7 +26,6 @@ import codecs
 import csv
 import hashlib
 import json
-import logging
 import math
 import os
 import re
@@ -46,6 +45,7 @@ import pyarrow.parquet as pq
 from data_catalog import Catalog, FileEntry, Manifest, Staging
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import crash_point, partial_path, record_result, recorded_result
+from preprocessing.sources import task_progress
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import sha256_file
 
@@ -352,8 +352,6 @@ _ATTEMPTS = 3
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
 _CHARSET = re.compile(r"charset=\"?([A-Za-z0-9_.:-]+)", re.IGNORECASE)
 
-_log = logging.getLogger(__name__)
-
 
 def reply_cap(rows: int) -> int:
     """The most bytes a reply to a query for ``rows`` rows may take."""
@@ -506,12 +504,6 @@ def _charset(content_type: str) -> str:
         return codecs.lookup(match.group(1)).name
     except LookupError:
         return "utf-8"
-
-
-def _log_progress(message: str) -> None:
-    """A task's progress when the job was given no ``progress``: this module's log (on a Dask
-    worker, the worker's log: nothing carries it back to the driver's progress)."""
-    _log.info("%s", message)
 
 
 def _count(reply: Reply, where: str, *, columns: int) -> int:
@@ -839,7 +831,8 @@ class SkyServerJob:
         return f"{self.name}-skyserver-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
 
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
-        progress = self.progress or _log_progress
+        # On a Dask worker, task_progress carries the lines back to the command.
+        progress = self.progress or task_progress.report
         if pass_name == "count":
             return [
                 TaskSpec(
