@@ -12,6 +12,7 @@ FASHION_MNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 CHROMIUM := /usr/bin/chromium
 DOCKER_COMPOSE := /usr/bin/docker-compose
 SSHD := /usr/sbin/sshd
+SLURMD := /usr/sbin/slurmd
 MNIST_5K := .cache/mnist_5k.csv.gz
 # The first 20 real CIFAR-10 test images ship in foolbox's wheel (docs: shared DATA.md).
 FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
@@ -64,6 +65,12 @@ $(SSHD):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openssh-server openssh-client
 
+# Debian's SLURM 22.05 (slurmctld, slurmd, clients) and munge, for the tests that run a
+# single-node SLURM (tests only: each test starts its own daemons, key and config in a temp folder).
+$(SLURMD):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurmctld slurmd slurm-client munge
+
 # A PostgreSQL server for the test of the catalog index on a shared database (tests only;
 # the test starts its own throwaway cluster on a free loopback port).
 postgres-server:
@@ -91,7 +98,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy data_catalog preprocessing training flows
 
-test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) $(DOCKER_COMPOSE) $(SSHD) postgres-server lint
+test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) $(DOCKER_COMPOSE) $(SSHD) $(SLURMD) postgres-server lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q
 
 test-fast: $(STAMP) lint

@@ -195,6 +195,51 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     "LocalCluster; its workers must see $SHARDFLOW_HOME",
                     default_help="a LocalCluster",
                 ),
+                Flag(
+                    field="cluster",
+                    flag="--cluster",
+                    choices=("local", "slurm"),
+                    help="where the Dask workers run: a LocalCluster, or slurm: --workers "
+                    "SLURM jobs of one core and --memory-limit each (dask-jobqueue "
+                    "SLURMCluster), submitted with sbatch from this host",
+                ),
+                Flag(
+                    field="slurm_partition",
+                    flag="--slurm-partition",
+                    metavar="NAME",
+                    help="--cluster slurm: the partition of the worker jobs",
+                    default_help="the cluster's default partition",
+                ),
+                Flag(
+                    field="slurm_account",
+                    flag="--slurm-account",
+                    metavar="NAME",
+                    help="--cluster slurm: the account the worker jobs are charged to",
+                    default_help="your default account",
+                ),
+                Flag(
+                    field="slurm_walltime",
+                    flag="--slurm-walltime",
+                    metavar="TIME",
+                    help="--cluster slurm: time limit of each worker job (sbatch -t: "
+                    "HH:MM:SS, MM, D-HH:MM)",
+                ),
+                Flag(
+                    field="slurm_interface",
+                    flag="--slurm-interface",
+                    metavar="NIC",
+                    help="--cluster slurm: the network interface the scheduler (here) and "
+                    "the workers (on the compute nodes) talk over, for example ib0",
+                    default_help="the address this host's name resolves to",
+                ),
+                Flag(
+                    field="slurm_start_timeout",
+                    flag="--slurm-start-timeout",
+                    type=finite_number,
+                    metavar="SECONDS",
+                    help="--cluster slurm: how long to wait for the first worker job to start "
+                    "(a busy queue needs more)",
+                ),
             ),
         ),
         "train": (
@@ -242,11 +287,48 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     help="horovodrun --hostfile: one 'HOST slots=N' per line, instead of --hosts",
                 ),
                 Flag(
+                    field="network_interface",
+                    flag="--network-interface",
+                    metavar="NIC[,NIC]",
+                    help="horovodrun --network-interface: the interface the ranks talk over "
+                    "(for example eth0)",
+                    default_help="the interfaces all hosts have in common",
+                ),
+                Flag(
+                    field="ssh_port",
+                    flag="--ssh-port",
+                    type=whole_number,
+                    metavar="PORT",
+                    help="horovodrun --ssh-port, for remote hosts",
+                    default_help="ssh's own (22)",
+                ),
+                Flag(
+                    field="ssh_identity_file",
+                    flag="--ssh-identity-file",
+                    metavar="FILE",
+                    help="horovodrun --ssh-identity-file: the private key for remote hosts",
+                ),
+                Flag(
+                    field="disable_cache",
+                    flag="--disable-cache",
+                    switch=True,
+                    help="horovodrun --disable-cache: check ssh and interfaces again (it keeps "
+                    "their results 60 minutes)",
+                ),
+                Flag(
                     field="controller",
                     flag="--controller",
                     choices=("gloo", "mpi"),
                     help="Horovod's controller: gloo (always built) or mpi (needs Horovod built "
                     "with MPI)",
+                ),
+                Flag(
+                    field="launcher",
+                    flag="--launcher",
+                    choices=("horovodrun", "slurm"),
+                    help="slurm: run inside an sbatch/salloc allocation, horovodrun on its "
+                    "nodes and task slots (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE) instead "
+                    'of --hosts; give --np "$SLURM_NTASKS"',
                 ),
                 Flag(
                     field="backward_passes_per_step",
@@ -350,8 +432,10 @@ def add_flags(
             continue
         default = _default(cls, flag.field)
         required = default is dataclasses.MISSING
-        shown = flag.default_help or ("" if default is None else str(default))
+        shown = flag.default_help or ("" if default is None or required else str(default))
         help_text = flag.help + (f" (default: {shown})" if shown and not flag.switch else "")
+        if required:
+            help_text += " (required)"
         if flag.switch:
             parser.add_argument(flag.flag, dest=flag.field, action="store_true", help=help_text)
             continue

@@ -8,6 +8,7 @@ Every field is part of the model version's identity except :data:`EXECUTION_ONLY
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,8 +17,20 @@ from training.models import MODELS
 
 COMPRESSIONS = ("none", "fp16")
 CONTROLLERS = ("gloo", "mpi")
+LAUNCHERS = ("horovodrun", "slurm")
 # Fields that change how a run executes, not what it computes: not part of the version id.
-EXECUTION_ONLY = ("hosts", "hostfile", "controller", "resume", "timeline")
+EXECUTION_ONLY = (
+    "hosts",
+    "hostfile",
+    "network_interface",
+    "ssh_port",
+    "ssh_identity_file",
+    "disable_cache",
+    "controller",
+    "launcher",
+    "resume",
+    "timeline",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +64,20 @@ class TrainConfig:
     """horovodrun -H value (host:slots,...); default localhost:num_ranks."""
     hostfile: str | None = None
     """horovodrun --hostfile (one "host slots=N" per line), instead of ``hosts``."""
+    network_interface: str | None = None
+    """horovodrun --network-interface: the interface(s) the ranks talk over (comma-separated,
+    for example eth0); default: the interfaces every host has in common."""
+    ssh_port: int | None = None
+    """horovodrun --ssh-port for remote hosts; default ssh's (22)."""
+    ssh_identity_file: str | None = None
+    """horovodrun --ssh-identity-file: the private key for remote hosts."""
+    disable_cache: bool = False
+    """horovodrun --disable-cache: check ssh and interfaces again (it keeps them 60 minutes)."""
     controller: str = "gloo"
     """gloo (built into every Horovod) or mpi (when Horovod was built with MPI)."""
+    launcher: str = "horovodrun"
+    """horovodrun on ``hosts``/``hostfile`` (default localhost), or slurm: horovodrun on the
+    hosts and task slots of the SLURM allocation it runs in (training.slurm)."""
     resume: bool = False
     """Continue from the last checkpoint of an interrupted run of the same configuration."""
     timeline: bool = False
@@ -88,6 +113,7 @@ class TrainConfig:
         choices: dict[str, tuple[str, ...]] = {
             "compression": COMPRESSIONS,
             "controller": CONTROLLERS,
+            "launcher": LAUNCHERS,
         }
         if self.model is not None:
             choices["model"] = MODELS
@@ -95,8 +121,26 @@ class TrainConfig:
             value = getattr(self, name)
             if value not in known:
                 raise ConfigError(name, f"must be one of {', '.join(known)}, got {value!r}")
+        if self.ssh_port is not None and (
+            not isinstance(self.ssh_port, int)
+            or isinstance(self.ssh_port, bool)
+            or not 1 <= self.ssh_port <= 65535
+        ):
+            raise ConfigError("ssh_port", f"must be a port number 1-65535, got {self.ssh_port!r}")
+        if self.network_interface is not None and not re.fullmatch(
+            r"[A-Za-z0-9_.:@-]{1,15}(,[A-Za-z0-9_.:@-]{1,15})*", self.network_interface
+        ):
+            raise ConfigError(
+                "network_interface",
+                f"must be interface names such as eth0 (comma-separated), got "
+                f"{self.network_interface!r}",
+            )
         if self.hosts and self.hostfile:
             raise ConfigError("hostfile", "cannot be given with hosts: give one of the two")
+        if self.launcher == "slurm" and (self.hosts or self.hostfile):
+            raise ConfigError(
+                "launcher", "slurm takes the hosts from the allocation: drop --hosts/--hostfile"
+            )
 
     def parameters(self) -> dict[str, Any]:
         """The fields that make the model version's identity (all but :data:`EXECUTION_ONLY`)."""

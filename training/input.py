@@ -170,9 +170,45 @@ def _reader(
         # matched as regular expressions (our names are plain identifiers, matched whole).
         warnings.simplefilter("ignore", FutureWarning)
         warnings.filterwarnings("ignore", message="schema_fields behavior has changed")
+        if not url.startswith("file://"):
+            options["filesystem"] = legacy_filesystem(url)
         if spec.format == "petastorm":
             return make_reader(url, **options)
         return make_batch_reader(url, **options)
+
+
+def legacy_filesystem(url: str) -> Any:
+    """The fsspec filesystem of ``url`` (s3://...) in the form petastorm 0.13.1 can read with
+    pyarrow 14.
+
+    petastorm opens a dataset with ``pq.ParquetDataset(..., validate_schema=False)``, which
+    pyarrow 14 accepts only on its legacy code path, and takes that path only for a legacy
+    ``pyarrow.filesystem.FileSystem``. For any other URL petastorm hands pyarrow a plain fsspec
+    filesystem, and every read fails with "Keyword 'validate_schema' is not yet supported with
+    the new Dataset API". pyarrow's own ``S3FSWrapper`` calls s3fs's ``_ls``, a coroutine since
+    s3fs 2021; ``DaskFileSystem`` wraps any fsspec filesystem but leaves ``isdir``, ``isfile``
+    and ``walk`` unimplemented: they are filled in here from fsspec's (docs/STACK.md).
+    """
+    import warnings
+
+    import fsspec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # pyarrow.filesystem is deprecated
+        from pyarrow.filesystem import DaskFileSystem
+
+    class FsspecAsLegacy(DaskFileSystem):  # type: ignore[misc]
+        def isdir(self, path: str) -> bool:
+            return bool(self.fs.isdir(path))
+
+        def isfile(self, path: str) -> bool:
+            return bool(self.fs.isfile(path))
+
+        def walk(self, path: str) -> Any:
+            return self.fs.walk(path)
+
+    filesystem, _path = fsspec.core.url_to_fs(url)
+    return FsspecAsLegacy(filesystem)
 
 
 def _batches(reader: Any, spec: InputSpec) -> Iterator[tuple[Any, Any]]:
@@ -330,12 +366,21 @@ def in_batches(arrays: Any, batch_size: int) -> Any:
     return without_autotuning(tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size))
 
 
+def as_url(location: str | Path) -> str:
+    """A split's folder as the URL petastorm opens: ``file://`` for a local folder, the URL
+    itself under an object-store catalog (``s3://...``: petastorm's resolver opens it with
+    s3fs, which takes its credentials and endpoint from the environment horovodrun forwards)."""
+    text = str(location)
+    if "://" in text:
+        return text
+    return Path(text).resolve().as_uri()
+
+
 def load_split(directory: str | Path, spec: InputSpec) -> tuple[Any, Any]:
-    """A whole (evaluation) split in memory: (float32 inputs, int64 labels)."""
-    directory = Path(directory)
+    """A whole (evaluation) split in memory: (float32 inputs, int64 labels); ``directory`` is
+    a local folder or a URL (s3://...)."""
     if spec.format == "petastorm":
-        url = directory.resolve().as_uri()
-        reader = _reader(url, spec, rank=0, num_ranks=1, seed=1)
+        reader = _reader(as_url(directory), spec, rank=0, num_ranks=1, seed=1)
         try:
             parts = list(_batches(reader, spec))
         finally:
@@ -343,7 +388,13 @@ def load_split(directory: str | Path, spec: InputSpec) -> tuple[Any, Any]:
             reader.join()
         inputs = np.concatenate([p[0] for p in parts])
         return to_model_input(inputs), np.concatenate([p[1] for p in parts])
-    table = pq.read_table(directory, columns=spec.columns)
+    if "://" in str(directory):
+        import fsspec
+
+        filesystem, path = fsspec.core.url_to_fs(str(directory))
+        table = pq.read_table(path, columns=spec.columns, filesystem=filesystem)
+    else:
+        table = pq.read_table(directory, columns=spec.columns)
 
     class Columns:
         def __getattr__(self, name: str) -> Any:

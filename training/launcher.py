@@ -29,7 +29,8 @@ from data_catalog import Catalog, Manifest, derived_version, model_name, process
 from data_catalog.errors import ShardflowError
 from training import models
 from training.config import TrainConfig
-from training.input import SplitLayout
+from training.hosts import check_hosts
+from training.input import SplitLayout, as_url
 from training.worker import WorkerConfig, last_checkpoint
 
 Progress = Callable[[str], None]
@@ -78,8 +79,15 @@ def row_groups_by_epoch(
     }
 
 
-def _split_dir(catalog: Catalog, manifest: Manifest, split: str) -> Path:
-    return catalog.version_dir(manifest.name, manifest.version) / split
+def _split_location(catalog: Catalog, manifest: Manifest, split: str) -> str | None:
+    """Where the ranks read ``split`` of ``manifest``: a local folder, or a URL under an
+    object-store catalog (each rank reads its own row groups from the store); None when the
+    version has no such split."""
+    if not any(f.path.startswith(f"{split}/") for f in manifest.files):
+        return None
+    if catalog.is_local:
+        return str(catalog.version_dir(manifest.name, manifest.version) / split)
+    return f"{catalog.version_url(manifest.name, manifest.version)}/{split}"
 
 
 def train(
@@ -97,16 +105,16 @@ def train(
     rerun returns the committed one without training again.
     """
     from training.input import InputSpec
+    from training.verify_input import verify_input
+    from training.worker import DIVERGED_NAME
 
     if config.model is None:
         # The caller knows the dataset registry and resolves None to the dataset's default.
         raise ValueError("TrainConfig.model is None: resolve the dataset's default model first")
-    if not catalog.is_local:
-        raise ShardflowError(
-            f"training streams shards by path: the catalog {catalog.url} is not on a local or "
-            "mounted filesystem (object-store catalogs take ingest and catalog commands)"
-        )
     processed = catalog.get(processed_name(dataset))
+    # Before anything is planned from the manifest, launched or written: the ranks would read
+    # whatever bytes are there, and the manifest's counts plan their steps.
+    verify_input(catalog, processed, progress)
     spec = InputSpec.of(processed.schema)
     try:
         models.check(config.model, spec.kind)
@@ -130,6 +138,9 @@ def train(
         manifest = catalog.get(name, version)
         return manifest, dict(manifest.statistics)
 
+    remote = check_hosts(config)
+    if remote:
+        progress(f"hosts {', '.join(remote)}: reachable by ssh, same code")
     run_dir = runs_dir / f"{name}-{version}"
     if config.resume:
         if not (run_dir / "checkpoints").is_dir():
@@ -140,12 +151,11 @@ def train(
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     normalization = processed.statistics.get("normalization", {})
-    validation_dir = _split_dir(catalog, processed, "validation")
     worker_config = WorkerConfig(
         train=config,
-        train_url=_split_dir(catalog, processed, "train").resolve().as_uri(),
-        test_dir=str(_split_dir(catalog, processed, "test")),
-        validation_dir=str(validation_dir) if validation_dir.is_dir() else None,
+        train_url=as_url(_split_location(catalog, processed, "train") or ""),
+        test_dir=_split_location(catalog, processed, "test") or "",
+        validation_dir=_split_location(catalog, processed, "validation"),
         run_dir=str(run_dir),
         spec=asdict(spec),
         mean=normalization.get("mean"),
@@ -158,8 +168,11 @@ def train(
         f"train: {config.num_ranks} ranks x {steps} steps x {config.batch_size} per batch, "
         f"{config.epochs} epochs, on {processed.name}@{processed.version}"
     )
+    # A resumed run's folder may hold the report of an earlier run that diverged.
+    (run_dir / DIVERGED_NAME).unlink(missing_ok=True)
     with _run_dir_kept_only_with_checkpoints(run_dir):
         launch(config, run_dir, progress)
+        _refuse_diverged(run_dir / DIVERGED_NAME)
     metrics = json.loads((run_dir / "metrics.json").read_text())
 
     with catalog.stage(name, kind="model") as stage:
@@ -193,6 +206,18 @@ def train(
     return manifest, metrics
 
 
+def _refuse_diverged(report: Path) -> None:
+    """A one-line ShardflowError when the ranks stopped because training diverged (rank 0
+    wrote ``report`` instead of a model: training.worker.divergence_guard)."""
+    if not report.is_file():
+        return
+    where = json.loads(report.read_text())
+    raise ShardflowError(
+        f"training diverged at epoch {where['epoch']} step {where['step']} "
+        f"({where['reason']}): nothing committed; lower the learning rate (--lr)"
+    )
+
+
 @contextlib.contextmanager
 def _run_dir_kept_only_with_checkpoints(run_dir: Path) -> Iterator[None]:
     """Remove ``run_dir`` when the block fails before any checkpoint was written there (a
@@ -216,10 +241,22 @@ def horovodrun_command(
     """The command line that starts ``config.num_ranks`` ranks of ``python -m training.worker``
     on the worker config in ``run_dir``: where they run, which controller, the timeline."""
     command = [horovodrun, "-np", str(config.num_ranks)]
-    if config.hostfile:
+    if config.launcher == "slurm":
+        from training.slurm import horovodrun_hosts
+
+        command += ["-H", horovodrun_hosts(config.num_ranks, os.environ)]
+    elif config.hostfile:
         command += ["--hostfile", config.hostfile]
     else:
         command += ["-H", config.hosts or f"localhost:{config.num_ranks}"]
+    if config.network_interface:
+        command += ["--network-interface", config.network_interface]
+    if config.ssh_port is not None:
+        command += ["--ssh-port", str(config.ssh_port)]
+    if config.ssh_identity_file:
+        command += ["--ssh-identity-file", config.ssh_identity_file]
+    if config.disable_cache:
+        command.append("--disable-cache")
     command.append("--mpi" if config.controller == "mpi" else "--gloo")
     if config.timeline:
         command += ["--timeline-filename", str(run_dir / "timeline.json")]

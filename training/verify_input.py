@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest, Problem
 from data_catalog.errors import ShardflowError
-from data_catalog.manifest import MANIFEST_NAME
+from data_catalog.manifest import MANIFEST_NAME, FileEntry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +86,7 @@ def layout_problems(catalog: Catalog, processed: Manifest) -> list[Problem]:
     sizes: list[int] = []
     for entry in sorted(processed.files, key=lambda e: e.path):
         if entry.path.startswith("train/") and entry.path.endswith(".parquet"):
-            metadata = pq.read_metadata(catalog.file_path(processed, entry))
+            metadata = _footer(catalog, processed, entry)
             sizes += [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
     problems = []
     recorded_groups = statistics.get("num_row_groups")
@@ -107,6 +107,16 @@ def layout_problems(catalog: Catalog, processed: Manifest) -> list[Problem]:
             f"statistics.train.rows is {statistics['rows']}, the train/ files hold {sum(sizes)}"
         )
     return [Problem(path=location, reason=p) for p in problems]
+
+
+def _footer(catalog: Catalog, processed: Manifest, entry: FileEntry) -> pq.FileMetaData:
+    """The Parquet footer of one file, local or in an object-store catalog."""
+    if catalog.is_local:
+        return pq.read_metadata(catalog.file_path(processed, entry))
+    import fsspec
+
+    with fsspec.open(catalog.file_url(processed, entry), "rb") as stream:
+        return pq.read_metadata(stream)
 
 
 def _one_line(text: str) -> str:

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,13 @@ class WorkerConfig:
 
 # Rows per batch when evaluating (validation every epoch, test at the end): inference only.
 EVALUATION_BATCH = 1024
+# What rank 0 writes into the run directory instead of a model when training diverged; the
+# launcher turns it into one line and commits nothing.
+DIVERGED_NAME = "diverged.json"
+# A loss this many times the run's first step's loss has exploded, even while still finite.
+EXPLODED_FACTOR = 1e3
+# Steps between the ranks' checks that no rank diverged (and at every epoch's end).
+GUARD_EVERY = 16
 
 
 def _configure_threads(local_size: int, threads_per_rank: int) -> None:
@@ -102,6 +110,95 @@ def cosine_decay(start_epoch: int, end_epoch: int, floor: float = 0.02) -> Any:
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return multiplier
+
+
+def divergence(
+    losses: Sequence[float], reference: float | None, factor: float = EXPLODED_FACTOR
+) -> str | None:
+    """What is wrong with every rank's loss of one step (``"loss nan"``), or None when training
+    goes on: a loss that is not finite, or above ``factor`` times ``reference`` (the loss of
+    the run's first step)."""
+    for loss in losses:
+        if not math.isfinite(loss):
+            return f"loss {loss}"
+        if reference is not None and loss > factor * reference:
+            return f"loss {loss:.4g}, over {factor:g} times the first step's {reference:.4g}"
+    return None
+
+
+def divergence_guard(allgather: Callable[[Any, str], Any]) -> Any:
+    """A Keras callback that stops training when any rank's loss diverged (:func:`divergence`)
+    or, at an epoch's end, any rank's weights are not finite; ``.diverged`` then says where
+    ({"epoch", "step", "reason"}, epoch and step from 1: the first step whose loss diverged).
+
+    ``allgather(tensor, name)`` gathers a row of every rank (Horovod's): every rank decides on
+    the same rows, so all of them stop after the same step, and none waits in an allreduce for
+    a peer that stopped. The ranks agree every :data:`GUARD_EVERY` steps and at each epoch's
+    end, not every step (one gather costs about a millisecond); each rank remembers its first
+    diverged step meanwhile, and the loss Keras reports is the epoch's running mean, in which
+    a NaN stays.
+    """
+    import tensorflow as tf
+
+    class DivergenceGuard(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.diverged: dict[str, Any] | None = None
+            self._reference: float | None = None
+            self._epoch = 0
+            self._step = 0
+            self._loss = math.nan
+            self._first_diverged: tuple[int, float] | None = None
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._epoch, self._step = epoch + 1, 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self._step = batch + 1  # Keras counts from 0
+            self._loss = float((logs or {}).get("loss", math.nan))
+            if self._first_diverged is None and divergence([self._loss], self._reference):
+                self._first_diverged = (self._step, self._loss)
+            # The first step gives the reference; the same steps on every rank.
+            if self._reference is None or self._step % GUARD_EVERY == 0:
+                self._agree(weights_finite=True)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if self.diverged is None:
+                self._agree(all(np.isfinite(w).all() for w in self.model.get_weights()))
+
+        def _agree(self, weights_finite: bool) -> None:
+            step, loss = self._first_diverged or (0, 0.0)
+            row = [float(step), loss, self._loss, 1.0 if weights_finite else 0.0]
+            # Horovod: every rank's row, in rank order, the same on every rank.
+            rows = np.asarray(allgather(tf.constant([row], tf.float64), "divergence_guard"))
+            rows = rows.reshape(-1, 4)
+            if self._reference is None and not rows[:, 0].any():
+                self._reference = float(rows[:, 2].max())
+            diverged = [(int(r[0]), float(r[1])) for r in rows if r[0] > 0]
+            if diverged:
+                step, loss = min(diverged, key=lambda d: d[0])
+                self._stop(step, divergence([loss], self._reference) or f"loss {loss}")
+            elif not rows[:, 3].all():
+                self._stop(self._step, "weights not finite")
+
+        def _stop(self, step: int, reason: str) -> None:
+            self.diverged = {"epoch": self._epoch, "step": step, "reason": reason}
+            self.model.stop_training = True
+
+    return DivergenceGuard()
+
+
+def checkpoint_unless_diverged(path: str, guard: Any) -> Any:
+    """Keras's ModelCheckpoint (weights, every epoch) that saves nothing once ``guard``
+    stopped training: a diverged epoch's weights are nothing to ``--resume`` from."""
+    import tensorflow as tf
+
+    class CheckpointUnlessDiverged(tf.keras.callbacks.ModelCheckpoint):  # type: ignore[misc]
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if guard.diverged is None:
+                super().on_epoch_end(epoch, logs)
+
+    return CheckpointUnlessDiverged(path, save_weights_only=True)
 
 
 def last_checkpoint(checkpoints: Path) -> tuple[int, Path | None]:
@@ -279,13 +376,15 @@ def run(config: WorkerConfig) -> None:
                 steps_per_epoch=config.steps_per_epoch,
             )
         )
+    # After MetricAverageCallback and before the checkpoint, which it keeps from saving a
+    # diverged epoch.
+    guard = divergence_guard(lambda tensor, name: hvd_tf.allgather(tensor, name=name).numpy())
+    callbacks.append(guard)
     if rank == 0:
         # Horovod: checkpoints and logs on rank 0 only, so that ranks do not overwrite each other.
         checkpoints.mkdir(parents=True, exist_ok=True)
         callbacks.append(
-            tf.keras.callbacks.ModelCheckpoint(
-                str(checkpoints / "epoch-{epoch:03d}.h5"), save_weights_only=True
-            )
+            checkpoint_unless_diverged(str(checkpoints / "epoch-{epoch:03d}.h5"), guard)
         )
         callbacks.append(
             tf.keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard"), profile_batch=0)
@@ -305,6 +404,11 @@ def run(config: WorkerConfig) -> None:
     )
     train_seconds = time.perf_counter() - started
     if rank != 0:
+        return
+    if guard.diverged is not None:
+        # No model, no metrics: the launcher reports this and commits nothing.
+        (run_dir / DIVERGED_NAME).write_text(json.dumps(guard.diverged))
+        print(f"training diverged: {guard.diverged}", flush=True)
         return
 
     epochs_run = train.epochs - initial_epoch

@@ -156,6 +156,15 @@ class Hosts:
         for host in self.hosts.values():
             host.stop()
         for host in self.hosts.values():
+            # What the hosts' own servers started (ranks under sshd sessions, in sessions of
+            # their own): every process still in the namespace.
+            pids = subprocess.run(
+                ["ip", "netns", "pids", host.namespace], capture_output=True, text=True
+            ).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+        for host in self.hosts.values():
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
             subprocess.run(["ip", "link", "del", host.veth], capture_output=True)
             shutil.rmtree(NETNS_ETC / host.namespace, ignore_errors=True)
@@ -173,3 +182,51 @@ class Hosts:
                 return
             time.sleep(0.5)
         raise TimeoutError(f"{server.name}:{port} did not answer within {timeout:.0f} s")
+
+
+@dataclass(frozen=True)
+class Ssh:
+    """A throwaway ssh identity: sshd on some hosts accepts it, and ``bin`` holds an ``ssh``
+    that keeps the host keys it meets in its own known_hosts (never root's ~/.ssh)."""
+
+    identity: Path
+    bin: Path
+    port: int
+
+
+def start_sshd(hosts: Sequence[Host], folder: Path, *, port: int = 22) -> Ssh:
+    """sshd (Debian openssh-server) on ``port`` in each of ``hosts``, accepting one new key.
+
+    As shared CLUSTER.md has it: its own host key, authorized key file and config, ``UsePAM
+    no``, ``StrictModes no``; /run/sshd must exist. The ``ssh`` in ``bin`` is the one
+    horovodrun finds on PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    identity = folder / "id_ed25519"
+    host_key = folder / "host_ed25519"
+    for key in (identity, host_key):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    (folder / "authorized_keys").write_text(Path(f"{identity}.pub").read_text())
+    Path("/run/sshd").mkdir(exist_ok=True)
+    for host in hosts:
+        config = folder / f"sshd-{host.name}.conf"
+        config.write_text(
+            f"Port {port}\nListenAddress {host.address}\nHostKey {host_key}\n"
+            f"AuthorizedKeysFile {folder / 'authorized_keys'}\nUsePAM no\nStrictModes no\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            f"PidFile {folder / f'sshd-{host.name}.pid'}\nLogLevel ERROR\n"
+        )
+        host.popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "ssh"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec /usr/bin/ssh -o UserKnownHostsFile={folder / 'known_hosts'} "
+        '-o LogLevel=ERROR "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return Ssh(identity=identity, bin=bin_dir, port=port)

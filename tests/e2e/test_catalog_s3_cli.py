@@ -54,3 +54,16 @@ def test_ingest_show_verify_on_s3(
     assert [(f["sha256"], f["rows"]) for f in shown["files"]] == [
         (f["sha256"], f["rows"]) for f in local_shown["files"]
     ]
+
+    # Training reads the processed version from the store (each rank its own row groups) and
+    # commits the model to it.
+    monkeypatch.setenv("SHARDFLOW_CATALOG", f"s3://{bucket}/catalog")
+    trained = shardflow(
+        "train", "fashion-mnist", "--np", "2", "--epochs", "1", "--batch-size", "64", "--json"
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert trained.json["test_accuracy"] > 0.5
+    assert trained.json["dataset_version"] == f"fashion-mnist-processed@{on_s3.json['version']}"
+    model = shardflow("catalog", "show", trained.json["model_name"], "--json").json
+    assert all(f["path"].startswith(f"s3://{bucket}/catalog/") for f in model["files"])
+    assert shardflow("catalog", "verify", "--json").json["ok"] is True
