@@ -725,6 +725,13 @@ def _not_a_cancelled_task(record: logging.LogRecord) -> bool:
     return "ended with CancelledError" not in record.getMessage()
 
 
+def _not_a_lost_scheduler(record: logging.LogRecord) -> bool:
+    # A worker outliving its scheduler by a heartbeat (the command closing the cluster, or
+    # stopped by Ctrl-C) logs the failed heartbeat with a traceback; the command itself
+    # reports a scheduler lost mid-run.
+    return "Failed to communicate with scheduler during heartbeat" not in record.getMessage()
+
+
 def _quiet_task_failures_plugin() -> Any:
     from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -733,6 +740,7 @@ def _quiet_task_failures_plugin() -> Any:
 
         def setup(self, worker: Any) -> None:
             logging.getLogger("distributed.worker").addFilter(_not_a_task_failure)
+            logging.getLogger("distributed.worker").addFilter(_not_a_lost_scheduler)
             logging.getLogger("distributed.worker.state_machine").addFilter(_not_a_cancelled_task)
 
     return Plugin
