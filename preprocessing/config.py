@@ -75,7 +75,7 @@ class ClusterConfig:
 
         try:
             limit = parse_bytes(self.memory_limit)
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, OverflowError):  # "1e999": infinity
             limit = 0
         if limit < MIN_MEMORY_LIMIT:
             raise ConfigError(

@@ -245,6 +245,9 @@ def light(monkeypatch: pytest.MonkeyPatch, fuzz_home: dict[str, Path]) -> None:
 @settings(
     max_examples=CLI_EXAMPLES,
     deadline=None,
+    # The same cases on every run: a red `make test` must be reproducible, not the luck of a
+    # draw. A case it finds becomes a test of its own (tests/e2e/test_hardening.py).
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(data=st.data())
@@ -304,6 +307,9 @@ IDX_IMAGES = idx.encode(np.arange(3 * 4 * 5, dtype=np.uint8).reshape(3, 4, 5))
 @settings(
     max_examples=READER_EXAMPLES,
     deadline=None,
+    # The same cases on every run: a red `make test` must be reproducible, not the luck of a
+    # draw. A case it finds becomes a test of its own (tests/e2e/test_hardening.py).
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
@@ -377,6 +383,9 @@ def _csv_text(valid: bytes) -> st.SearchStrategy[bytes]:
 @settings(
     max_examples=READER_EXAMPLES,
     deadline=None,
+    # The same cases on every run: a red `make test` must be reproducible, not the luck of a
+    # draw. A case it finds becomes a test of its own (tests/e2e/test_hardening.py).
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(data=st.data(), fmt=st.sampled_from(["csv", "fits", "vot"]))
@@ -413,6 +422,9 @@ def _cifar_pickle() -> bytes:
 @settings(
     max_examples=READER_EXAMPLES // 2,
     deadline=None,
+    # The same cases on every run: a red `make test` must be reproducible, not the luck of a
+    # draw. A case it finds becomes a test of its own (tests/e2e/test_hardening.py).
+    derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(data=st.one_of(_damage(_cifar_pickle()), st.binary(max_size=200)))

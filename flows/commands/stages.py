@@ -116,6 +116,13 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         _cluster(args),
         _train_config(args),
     )
+    if cluster.cluster != "local":
+        raise ConfigError(
+            "cluster",
+            f"`run` drives its stages on a LocalCluster or --scheduler, not {cluster.cluster!r}: "
+            "run ingest, preprocess --cluster slurm and train --launcher slurm one by one "
+            "(deploy/slurm/pipeline.sbatch)",
+        )
     _quiet_libraries(ctx)
     if not ctx.verbose:
         # Prefect's console log stays quiet (the flow run's logs still reach its API and UI).

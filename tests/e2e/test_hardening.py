@@ -183,6 +183,10 @@ def test_small_dataset_against_the_default_rank_multiple(tiny_home: Path) -> Non
         (("train", "fashion-mnist", "--lr", "inf"), "finite"),
         (("train", "fashion-mnist", "--lr", "1e999"), "finite"),
         (("run", "fashion-mnist", "--lr", "NaN"), "finite"),
+        # Found by tests/test_fuzz_cli.py: an infinite size was an internal error.
+        (("ingest", "sdss", "--memory-limit=1e999"), "--memory-limit"),
+        # run drove its stages on a LocalCluster whatever --cluster said.
+        (("run", "sdss", "--source", "/nonexistent", "--cluster", "slurm"), "--cluster"),
     ],
 )
 def test_malformed_options_are_one_line(home: Path, args: tuple[str, ...], needle: str) -> None:
