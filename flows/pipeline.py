@@ -229,11 +229,20 @@ def ingest_flow(
 # --- preprocess ----------------------------------------------------------------------------
 
 
+# Where each pass's share of the bar starts and ends: the first pass scans the input; SDSS
+# then finds (objid, specobjid) repeated across pieces and rescans the pieces holding them
+# (both short); the write pass takes most of the bar.
+_PREPROCESS_BAR = {
+    "scan": (0.0, 0.1),
+    "decode": (0.0, 0.1),
+    "duplicates": (0.1, 0.12),
+    "rescan": (0.12, 0.15),
+}
+
+
 def _preprocess_bar(state: PassProgress) -> float:
-    # The first pass scans its input; the last writes the output and takes most of the bar.
-    if state.pass_name in ("scan", "decode"):
-        return 0.1 * state.fraction
-    return 0.1 + 0.9 * state.fraction
+    start, end = _PREPROCESS_BAR.get(state.pass_name, (0.15, 1.0))
+    return start + (end - start) * state.fraction
 
 
 @flow(name="shardflow-preprocess")

@@ -3,12 +3,18 @@
 raw version "sdss": Parquet files (from SkyServer pages or CasJobs exports), row groups of at
 most 100,000 rows
     │  scan pass, one Dask task per raw row group ("piece"): rows with a sentinel (-9999 ...),
-    │  NaN or an unknown class go to quarantine/part-NNNNN.parquet with their reason; the good
-    │  rows are hashed by (objid, specobjid) into train/validation/test and counted
+    │  NaN, an unknown class or the (objid, specobjid) of an earlier row go to
+    │  quarantine/part-NNNNN.parquet with their reason; the good rows are hashed by (objid,
+    │  specobjid) into train/validation/test and counted, their keys into key buckets
     ▼
-plan (pure, from the counts): each split's rows are the good rows of that split in piece
-order; the training split is cut into equal row groups; every output shard knows the pieces
-(and the offsets in them) it needs
+duplicates pass, one task per key bucket (about a million keys): the keys of that bucket from
+every piece; a key already in a lower piece marks its row a duplicate
+    │  rescan pass, one task per piece holding such rows: the scan again, those rows quarantined
+    │  as "duplicate (objid, specobjid)" too (none when the pieces share no key)
+    ▼
+plan (pure, from the counts after both): each split's rows are the good rows of that split in
+piece order; the training split is cut into equal row groups; every output shard knows the
+pieces (and the offsets in them) it needs
     │  write pass, one Dask task per output shard: read its pieces, keep its rows, compute the
     │  features (magnitudes, colours u-g g-r r-i i-z, Petrosian magnitudes and radii), encode the
     │  class, keep redshift and the ids; training shards return feature sums
@@ -66,6 +72,11 @@ _RADII = tuple(f"petroRad_{b}" for b in _BANDS)
 _MAGNITUDE_RANGE = (0.0, 40.0)
 _RADIUS_RANGE = (0.0, 1_000.0)
 _CLASSES = pa.array(schemas.SDSS_CLASSES, type=pa.string())
+# Keys are compared across pieces in buckets (by hash) of about this many, one task each: a
+# task's memory stays flat however many rows the input has.
+KEY_BUCKET_ROWS = 1_000_000
+# The work subfolder of a piece scanned again to drop its duplicates of other pieces' rows.
+RESCAN_FOLDER = "rescan"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,14 +104,15 @@ def _checks() -> list[tuple[str, str]]:
 
 
 # Reason 0 is a good row; a reason's number is its position here, the same for every piece.
-REASONS = ("", *(reason for _column, reason in _checks()), "duplicate (objid, specobjid)")
+DUPLICATE = "duplicate (objid, specobjid)"
+REASONS = ("", *(reason for _column, reason in _checks()), DUPLICATE)
 _REASON_CODE = {reason: code for code, reason in enumerate(REASONS)}
 
 
 def quarantine_codes(table: pa.Table) -> npt.NDArray[np.int16]:
     """Why each row cannot be used, as an index into :data:`REASONS` (0 when it can): the
     first failed check, in a fixed order; then a repeat of an earlier row's (objid,
-    specobjid) in the same piece."""
+    specobjid) in the same piece (repeats across pieces: :func:`find_duplicates`)."""
     codes = np.zeros(table.num_rows, dtype=np.int16)
 
     def mark(bad: npt.NDArray[np.bool_], reason: str) -> None:
@@ -122,7 +134,7 @@ def quarantine_codes(table: pa.Table) -> npt.NDArray[np.int16]:
     _unique, first = np.unique(keys, axis=0, return_index=True)
     repeated = np.ones(table.num_rows, dtype=bool)
     repeated[first] = False
-    mark(repeated, REASONS[-1])
+    mark(repeated, DUPLICATE)
     return codes
 
 
@@ -170,6 +182,32 @@ def segment_path(work: str, piece: int, split: str) -> Path:
     return Path(work) / "segments" / f"{piece:05d}-{split}.arrow"
 
 
+def keys_path(work: str, piece: int) -> Path:
+    """The (objid, specobjid) of piece ``piece``'s good rows and their row numbers in the
+    piece, by key bucket, in an Arrow IPC file."""
+    return Path(work) / "keys" / f"{piece:05d}.arrow"
+
+
+def duplicates_path(work: str, bucket: int) -> Path:
+    """The (piece, row) of the rows of key bucket ``bucket`` that repeat a lower piece's key."""
+    return Path(work) / "duplicates" / f"{bucket:05d}.arrow"
+
+
+def num_key_buckets(rows: int) -> int:
+    """Key buckets for ``rows`` raw rows (at least one)."""
+    return max(1, -(-rows // KEY_BUCKET_ROWS))
+
+
+def key_buckets(
+    objid: npt.NDArray[np.uint64], specobjid: npt.NDArray[np.uint64], num_buckets: int
+) -> npt.NDArray[np.int64]:
+    """The key bucket of each (objid, specobjid): its low hash bits (the split takes the high
+    ones, so every bucket holds every split)."""
+    hashes = splits.sample_hash(objid, specobjid)
+    buckets: npt.NDArray[np.int64] = (hashes % np.uint64(num_buckets)).astype(np.int64)
+    return buckets
+
+
 def _write_ipc(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_path(path)
@@ -181,23 +219,139 @@ def _write_ipc(table: pa.Table, path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def scan_piece(piece: Piece, fractions: dict[str, float], work: str) -> Result:
-    """Scan task, the one read of a raw piece: its bad rows go to quarantine with their
-    reason; its good rows, as features, into one Arrow IPC segment per split (which the write
-    tasks slice, memory-mapped, instead of reading the piece again); counts per split."""
+def _write_keys(
+    table: pa.Table, codes: npt.NDArray[np.int16], num_buckets: int, path: Path
+) -> list[int]:
+    """The good rows' keys and row numbers into ``path``, ordered by key bucket; where each
+    bucket starts in it (and where the last ends)."""
+    rows = np.flatnonzero(codes == 0)
+    objid = table.column("objid").to_numpy().astype(np.uint64)[rows]
+    specobjid = table.column("specobjid").to_numpy().astype(np.uint64)[rows]
+    buckets = key_buckets(objid, specobjid, num_buckets)
+    order = np.argsort(buckets, kind="stable")
+    keys = pa.table(
+        {
+            "objid": objid[order],
+            "specobjid": specobjid[order],
+            "row": rows[order].astype(np.int64),
+        }
+    )
+    _write_ipc(keys, path)
+    starts = np.searchsorted(buckets[order], np.arange(num_buckets + 1), side="left")
+    return [int(s) for s in starts]
+
+
+def scan_piece(piece: Piece, fractions: dict[str, float], work: str, num_buckets: int) -> Result:
+    """Scan task, the one read of a raw piece (unless it holds duplicates of other pieces'
+    rows): its bad rows go to quarantine with their reason; its good rows, as features, into
+    one Arrow IPC segment per split (which the write tasks slice, memory-mapped, instead of
+    reading the piece again), their keys into ``num_buckets`` key buckets; counts per split."""
     done = segment_path(work, piece.number, splits.SPLITS[0])
+    recorded = recorded_result(done)
+    # A run before key buckets (or with another number of them) left no usable keys.
+    if recorded is not None and len(recorded.get("key_buckets", ())) == num_buckets + 1:
+        return {**recorded, "reused": True}
+    table = read_piece(piece)
+    codes = quarantine_codes(table)
+    starts = _write_keys(table, codes, num_buckets, keys_path(work, piece.number))
+    result = _write_scan(piece.number, table, codes, fractions, work)
+    result["key_buckets"] = starts
+    record_result(done, result)
+    return result
+
+
+def find_duplicates(bucket: int, parts: tuple[tuple[int, int, int], ...], work: str) -> Result:
+    """Duplicates task, one key bucket: ``parts`` are (piece, start, stop) of the bucket's
+    keys in each piece's keys file. Of the rows sharing a key, the one in the lowest piece is
+    kept; the others are written to :func:`duplicates_path`, by (piece, row). A piece holds a
+    key once (the scan quarantined its repeats), so which row is first never depends on the
+    order of the tasks."""
+    out = duplicates_path(work, bucket)
+    recorded = recorded_result(out)
+    if recorded is not None:
+        return {**recorded, "reused": True}
+    columns: dict[str, list[npt.NDArray[Any]]] = {"objid": [], "specobjid": [], "row": []}
+    numbers = []
+    for number, start, stop in parts:
+        source = pa.ipc.open_file(pa.memory_map(str(keys_path(work, number))))
+        keys = source.read_all().slice(start, stop - start)
+        for name, arrays in columns.items():
+            arrays.append(keys.column(name).to_numpy())
+        numbers.append(np.full(stop - start, number, dtype=np.int64))
+    empty = {"objid": np.uint64, "specobjid": np.uint64, "row": np.int64}
+    objid, specobjid, row = (
+        np.concatenate(arrays) if arrays else np.zeros(0, dtype=empty[name])
+        for name, arrays in columns.items()
+    )
+    piece = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int64)
+    order = np.lexsort((row, piece, specobjid, objid))
+    objid, specobjid = objid[order], specobjid[order]
+    repeat = np.zeros(len(order), dtype=bool)
+    repeat[1:] = (objid[1:] == objid[:-1]) & (specobjid[1:] == specobjid[:-1])
+    dropped_piece, dropped_row = piece[order][repeat], row[order][repeat]
+    by = np.lexsort((dropped_row, dropped_piece))
+    _write_ipc(pa.table({"piece": dropped_piece[by], "row": dropped_row[by]}), out)
+    pieces, counts = np.unique(dropped_piece, return_counts=True)
+    result: Result = {
+        "bucket": bucket,
+        "keys": len(order),
+        "pieces": [[int(p), int(c)] for p, c in zip(pieces, counts, strict=True)],
+    }
+    record_result(out, result)
+    return result
+
+
+def _duplicate_rows(work: str, piece: int, buckets: Sequence[int]) -> npt.NDArray[np.int64]:
+    """The rows of ``piece`` that the duplicates tasks of ``buckets`` marked, in order."""
+    found = []
+    for bucket in buckets:
+        source = pa.ipc.open_file(pa.memory_map(str(duplicates_path(work, bucket))))
+        table = source.read_all()
+        pieces = table.column("piece").to_numpy()
+        start, stop = np.searchsorted(pieces, [piece, piece + 1], side="left")
+        found.append(table.column("row").to_numpy()[start:stop])
+    rows: npt.NDArray[np.int64] = np.sort(np.concatenate(found)).astype(np.int64)
+    return rows
+
+
+def rescan_piece(
+    piece: Piece, fractions: dict[str, float], work: str, buckets: tuple[int, ...]
+) -> Result:
+    """Rescan task, a piece holding duplicates of lower pieces' rows: the scan again into
+    the work subfolder :data:`RESCAN_FOLDER`, those rows quarantined as duplicates too."""
+    folder = str(Path(work) / RESCAN_FOLDER)
+    done = segment_path(folder, piece.number, splits.SPLITS[0])
     recorded = recorded_result(done)
     if recorded is not None:
         return {**recorded, "reused": True}
     table = read_piece(piece)
     codes = quarantine_codes(table)
+    rows = _duplicate_rows(work, piece.number, buckets)
+    # Only good rows' keys went into the buckets.
+    assert not codes[rows].any(), f"piece {piece.number}: a quarantined row marked again"
+    codes[rows] = _REASON_CODE[DUPLICATE]
+    result = _write_scan(piece.number, table, codes, fractions, folder)
+    result["folder"] = RESCAN_FOLDER
+    record_result(done, result)
+    return result
+
+
+def _write_scan(
+    number: int,
+    table: pa.Table,
+    codes: npt.NDArray[np.int16],
+    fractions: dict[str, float],
+    work: str,
+) -> Result:
+    """A piece's quarantined rows (``codes`` not 0) and its good rows' segments into ``work``;
+    the counts (the caller records them beside the first split's segment)."""
     bad = codes != 0
-    result: Result = {"piece": piece.number, "rows_in": table.num_rows}
+    result: Result = {"piece": number, "rows_in": table.num_rows}
     result["quarantined"] = int(np.count_nonzero(bad))
     kinds, counts = np.unique(codes[bad], return_counts=True)
     result["reasons"] = {REASONS[k]: int(c) for k, c in zip(kinds, counts, strict=True)}
     if bad.any():
-        relpath = f"quarantine/part-{piece.number:05d}.parquet"
+        relpath = f"quarantine/part-{number:05d}.parquet"
         reasons = pa.array(np.asarray(REASONS, dtype=object)[codes[bad]], type=pa.string())
         quarantined = table.filter(pa.array(bad)).append_column("reason", reasons)
         written = write_parquet(
@@ -212,8 +366,7 @@ def scan_piece(piece: Piece, fractions: dict[str, float], work: str) -> Result:
     for code, split in reversed(list(enumerate(splits.SPLITS))):
         chosen = rows.filter(pa.array(split_of == code))
         result["split_rows"][split] = chosen.num_rows
-        _write_ipc(chosen, segment_path(work, piece.number, split))
-    record_result(done, result)
+        _write_ipc(chosen, segment_path(work, number, split))
     return result
 
 
@@ -224,6 +377,9 @@ class Segment:
     piece: int
     start: int
     stop: int
+    folder: str = ""
+    """The work subfolder of the piece's segments: "" as scanned, :data:`RESCAN_FOLDER` when
+    it was scanned again without its duplicates."""
 
 
 def segments(start: int, rows: int, bounds: npt.NDArray[np.int64]) -> list[Segment]:
@@ -272,8 +428,9 @@ def write_shard(task: ShardTask) -> Result:
         return {**recorded, "reused": True}
     parts = []
     for segment in task.segments:
+        folder = str(Path(task.work) / segment.folder)
         source = pa.ipc.open_file(
-            pa.memory_map(str(segment_path(task.work, segment.piece, shard.split)))
+            pa.memory_map(str(segment_path(folder, segment.piece, shard.split)))
         )
         parts.append(source.read_all().slice(segment.start, segment.stop - segment.start))
     out = pa.concat_tables(parts).combine_chunks()
@@ -300,27 +457,75 @@ class SdssJob:
     fractions: dict[str, float]
     plan_config: PlanConfig
     kind: str = "processed"
-    passes: tuple[str, ...] = ("scan", "write")
+    passes: tuple[str, ...] = ("scan", "duplicates", "rescan", "write")
 
     @property
     def work_key(self) -> str:
         return f"{self.name}-{self.version}"
 
+    @property
+    def num_key_buckets(self) -> int:
+        return num_key_buckets(sum(p.rows for p in self.pieces))
+
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
         if pass_name == "scan":
             return self._scan_tasks(work)
-        return self._write_tasks(done["scan"], work)
+        if pass_name == "duplicates":
+            return self._duplicate_tasks(done["scan"], work)
+        if pass_name == "rescan":
+            return self._rescan_tasks(done["duplicates"], work)
+        return self._write_tasks(self.piece_results(done), work)
 
     def _scan_tasks(self, work: Path) -> list[TaskSpec]:
         return [
             TaskSpec(
                 key=f"scan-{p.number:05d}",
                 fn=scan_piece,
-                args=(p, self.fractions, str(work)),
+                args=(p, self.fractions, str(work), self.num_key_buckets),
                 rows=p.rows,
             )
             for p in self.pieces
         ]
+
+    def _duplicate_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
+        ordered = sorted(scans, key=lambda r: r["piece"])
+        tasks = []
+        for bucket in range(self.num_key_buckets):
+            parts = tuple(
+                (int(r["piece"]), int(r["key_buckets"][bucket]), int(r["key_buckets"][bucket + 1]))
+                for r in ordered
+                if r["key_buckets"][bucket + 1] > r["key_buckets"][bucket]
+            )
+            tasks.append(
+                TaskSpec(
+                    key=f"duplicates-{bucket:05d}",
+                    fn=find_duplicates,
+                    args=(bucket, parts, str(work)),
+                    rows=sum(stop - start for _piece, start, stop in parts),
+                )
+            )
+        return tasks
+
+    def _rescan_tasks(self, found: Sequence[Result], work: Path) -> list[TaskSpec]:
+        buckets: dict[int, list[int]] = {}
+        for result in sorted(found, key=lambda r: r["bucket"]):
+            for piece, _count in result["pieces"]:
+                buckets.setdefault(int(piece), []).append(int(result["bucket"]))
+        return [
+            TaskSpec(
+                key=f"rescan-{number:05d}",
+                fn=rescan_piece,
+                args=(self.pieces[number], self.fractions, str(work), tuple(buckets[number])),
+                rows=self.pieces[number].rows,
+            )
+            for number in sorted(buckets)
+        ]
+
+    def piece_results(self, done: Results) -> list[Result]:
+        """Each piece's scan result, in piece order; a rescanned piece's rescan result."""
+        by_piece = {int(r["piece"]): r for r in done["scan"]}
+        by_piece.update({int(r["piece"]): r for r in done.get("rescan", ())})
+        return [by_piece[number] for number in sorted(by_piece)]
 
     def plans(self, scans: Sequence[Result]) -> list[SplitPlan]:
         """The split plans from the scan counts (pure)."""
@@ -346,7 +551,10 @@ class SdssJob:
             for shard in plan.shards:
                 task = ShardTask(
                     shard=shard,
-                    segments=tuple(segments(shard.start, shard.rows, bounds)),
+                    segments=tuple(
+                        replace(s, folder=str(ordered[s.piece].get("folder", "")))
+                        for s in segments(shard.start, shard.rows, bounds)
+                    ),
                     work=str(work),
                 )
                 tasks.append(
@@ -362,7 +570,7 @@ class SdssJob:
     def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
         from preprocessing.images import combine_sums
 
-        scans, written = done["scan"], done["write"]
+        scans, written = self.piece_results(done), done["write"]
         plans = self.plans(scans)
         expected = {shard.path for plan in plans for shard in plan.shards}
         missing = expected - {str(r["path"]) for r in written}
@@ -372,9 +580,14 @@ class SdssJob:
         files.update(
             {str(r["quarantine"]["path"]): r["quarantine"] for r in scans if "quarantine" in r}
         )
+        folders = {
+            str(r["quarantine"]["path"]): str(r.get("folder", ""))
+            for r in scans
+            if "quarantine" in r
+        }
         quarantine = sorted(path for path in files if path.startswith("quarantine/"))
         for relpath in sorted(files):
-            stage.adopt(work / relpath, relpath)
+            stage.adopt(work / folders.get(relpath, "") / relpath, relpath)
         in_order = sorted(written, key=lambda r: str(r["path"]))
         reasons: dict[str, int] = {}
         for scan in scans:

@@ -91,7 +91,7 @@ _CONVERSION_ERROR = re.compile(
     r"(?:invalid value '(.*)'|(.*))",
     re.DOTALL,
 )
-_ROW_ERROR = re.compile(r"Row #(\d+): Expected (\d+) columns, got (\d+)")
+_ROW_ERROR = re.compile(r"Row #(\d+): Expected (\d+) columns, got (\d+)(?:: (.*))?", re.DOTALL)
 _FLOATLIKE = re.compile(r"[-+]?[0-9]*\.?[0-9]*[eE.][-+]?[0-9]*")
 
 
@@ -321,33 +321,31 @@ def _csv_header(stream: _HashingReader, where: str) -> list[str]:
     return [name.strip() for name in header]
 
 
-def _csv_error(
-    exc: pa.ArrowInvalid, invalid: Sequence[Any], names: Sequence[str], where: str
-) -> SourceError:
+def _csv_error(exc: pa.ArrowInvalid, names: Sequence[str], where: str) -> SourceError:
     """One line naming the file, the row (numbered from the first data row) and the column."""
     message = str(exc)
-    if invalid and invalid[0].number is not None:
-        row = invalid[0]
-        return SourceError(
-            f"{where}: row {row.number} has {row.actual_columns} fields, "
-            f"header has {row.expected_columns}"
-            + (f" ({_one_line(row.text, 80)})" if row.text else "")
-        )
     if match := _ROW_ERROR.search(message):
-        number, expected, actual = match.groups()
-        return SourceError(f"{where}: row {number} has {actual} fields, header has {expected}")
+        number, expected, actual, text = match.groups()
+        return SourceError(
+            f"{where}: row {number} has {actual} fields, header has {expected}"
+            + (f" ({_one_line(text, 80)})" if text else "")
+        )
     if match := _CONVERSION_ERROR.search(message):
         index, number, kind, value, reason = match.groups()
         name = names[int(index)]
         if value is None:
             return SourceError(f"{where}: {name} in row {number}: {_one_line(reason)}")
         shown = repr(value[:30])
+        # pyarrow shows bytes that are not UTF-8 as U+FFFD.
+        encoding = " (bytes that are not UTF-8)" if "\ufffd" in value else ""
         if kind == "uint64":
             hint = ""
             if _FLOATLIKE.fullmatch(value.strip()):
                 hint = "; 64-bit ids lose digits as floats, re-export them as bigint or text"
-            return SourceError(f"{where}: {name} in row {number} is {shown}, not a uint64{hint}")
-        return SourceError(f"{where}: {name} in row {number} is {shown}, not a number")
+            return SourceError(
+                f"{where}: {name} in row {number} is {shown}{encoding}, not a uint64{hint}"
+            )
+        return SourceError(f"{where}: {name} in row {number} is {shown}{encoding}, not a number")
     return SourceError(f"{where}: unreadable CSV: {_one_line(message)}")
 
 
@@ -380,11 +378,6 @@ def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterato
     canonical = {in_file: name for name, in_file in mapping.items()}
     columns = [canonical[name] for name in names]
     target = output_schema(schema)
-    invalid: list[Any] = []
-
-    def refuse(row: Any) -> str:
-        invalid.append(row)
-        return "error"
 
     def batches() -> Iterator[pa.RecordBatch]:
         first_row = 1
@@ -395,7 +388,10 @@ def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterato
                 read_options=pcsv.ReadOptions(
                     use_threads=False, block_size=_READ_BLOCK, column_names=columns
                 ),
-                parse_options=pcsv.ParseOptions(invalid_row_handler=refuse),
+                # No invalid_row_handler: pyarrow decodes a bad row's text as UTF-8 before
+                # calling it, and a row that is not UTF-8 then printed "Exception ignored" and
+                # a traceback. Without one, the error names the row and its text (decoded with
+                # replacement characters).
                 convert_options=pcsv.ConvertOptions(
                     column_types={name: _ARROW_TYPES[schema[name]] for name in columns},
                     # Only an empty cell is null (NaN in a float column, refused for an id);
@@ -410,7 +406,7 @@ def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterato
         except pa.ArrowInvalid as exc:
             if "Empty CSV file" in str(exc):
                 return
-            raise _csv_error(exc, invalid, columns, where) from None
+            raise _csv_error(exc, columns, where) from None
 
     return target, batches()
 

@@ -534,3 +534,23 @@ def test_non_finite_cells_and_duplicate_keys_of_a_csv_export_are_quarantined(
     assert json.dumps(shown["statistics"]["quarantine"], sort_keys=True) == json.dumps(
         processed["quarantine"], sort_keys=True
     )
+
+
+def test_a_csv_row_that_is_not_utf8_is_refused_in_one_line(home: Path, tmp_path: Path) -> None:
+    """A row with bytes that are not UTF-8 and a field short: refused naming the row, with
+    no "Exception ignored" and traceback of pyarrow's bad-row handler on stderr."""
+    made = tmp_path / "made"
+    ok(finish(start(home, "synth", "sdss", "--rows", "200", "--files", "1", "--out", str(made))))
+    (export,) = made.glob("*.csv")
+    header, *rows = export.read_bytes().split(b"\n")
+    cells = rows[6].split(b",")
+    cells[header.split(b",").index(b"g")] = b"\xff\xfe"
+    rows[6] = b",".join(cells[:-1])
+    source = tmp_path / "dirty"
+    source.mkdir()
+    (source / "export.csv").write_bytes(b"\n".join([header, *rows]))
+
+    result = finish(start(home, "ingest", "sdss", "--source", str(source)))
+    assert "Exception ignored" not in result.stderr
+    one_line_error(result, "export.csv", "row 7 has 21 fields, header has 22")
+    assert "sdss" not in catalog_names(home)
