@@ -90,6 +90,8 @@ def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> d
         "allreduce_bytes_per_epoch": metrics["allreduce_bytes_per_epoch"],
         "allreduce_bytes_by_epoch": metrics.get("allreduce_bytes_by_epoch"),
         "allreduce_bytes_per_epoch_computed": metrics.get("allreduce_bytes_per_epoch_computed"),
+        # Bytes each rank sent on --network-interface, per epoch (absent without it).
+        "wire_sent_by_rank": metrics.get("wire_sent_by_rank"),
         "resumed_after_epoch": metrics["resumed_after_epoch"],
         "run_dir": manifest.extra.get("run_dir"),
     }

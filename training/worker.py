@@ -260,6 +260,75 @@ def allreduce_meter(counter: Any) -> Any:
     return AllreduceMeter()
 
 
+def interface_counters(
+    interfaces: Sequence[str], proc_net_dev: Path = Path("/proc/net/dev")
+) -> tuple[int, int] | None:
+    """(bytes, packets) sent so far on ``interfaces`` of this process's network namespace,
+    summed, from ``/proc/net/dev`` (which, unlike /sys/class/net, always shows the calling
+    process's namespace); None when one of them is not there."""
+    if not proc_net_dev.is_file():
+        return None
+    sent: dict[str, tuple[int, int]] = {}
+    for line in proc_net_dev.read_text().splitlines()[2:]:
+        name, _, counters = line.partition(":")
+        fields = counters.split()
+        # receive: 8 fields, then transmit: bytes, packets, ...
+        sent[name.strip()] = (int(fields[8]), int(fields[9]))
+    if not all(name in sent for name in interfaces):
+        return None
+    return (sum(sent[n][0] for n in interfaces), sum(sent[n][1] for n in interfaces))
+
+
+def wire_meter(interfaces: Sequence[str]) -> Any:
+    """A Keras callback recording what this rank sent on ``interfaces`` over each epoch
+    (``.bytes_by_epoch``, ``.packets_by_epoch``, ``.seconds_by_epoch``, from the interface
+    counters at the epoch's boundaries) and before training, while only Horovod's control loop
+    talks (``.idle``: bytes, packets, seconds from :meth:`start` to the first batch)."""
+    import tensorflow as tf
+
+    class WireMeter(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes_by_epoch: list[int] = []
+            self.packets_by_epoch: list[int] = []
+            self.seconds_by_epoch: list[float] = []
+            self.idle: tuple[int, int, float] | None = None
+            self._start: tuple[tuple[int, int] | None, float] = (None, 0.0)
+
+        def _sample(self) -> tuple[tuple[int, int] | None, float]:
+            return interface_counters(interfaces), time.perf_counter()
+
+        def start(self) -> None:
+            self._start = self._sample()
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            (before, started), (after, now) = self._start, self._sample()
+            if before is not None and after is not None:
+                self.idle = (after[0] - before[0], after[1] - before[1], now - started)
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._start = self._sample()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            (before, started), (after, now) = self._start, self._sample()
+            if before is not None and after is not None:
+                self.bytes_by_epoch.append(after[0] - before[0])
+                self.packets_by_epoch.append(after[1] - before[1])
+                self.seconds_by_epoch.append(now - started)
+
+        def report(self) -> dict[str, Any]:
+            return {
+                "bytes_by_epoch": self.bytes_by_epoch,
+                "packets_by_epoch": self.packets_by_epoch,
+                "seconds_by_epoch": self.seconds_by_epoch,
+                "idle_bytes": self.idle[0] if self.idle else None,
+                "idle_packets": self.idle[1] if self.idle else None,
+                "idle_seconds": self.idle[2] if self.idle else None,
+            }
+
+    return WireMeter()
+
+
 def run(config: WorkerConfig) -> None:
     train = config.train
     assert train.model is not None  # WorkerConfig refuses an unresolved model
@@ -281,6 +350,11 @@ def run(config: WorkerConfig) -> None:
 
     hvd.init()
     rank, num_ranks = hvd.rank(), hvd.size()
+    # What each rank sends on the interface(s) the ranks talk over, when the run names them.
+    interfaces = train.network_interface.split(",") if train.network_interface else []
+    wire = wire_meter(interfaces) if interfaces else None
+    if wire is not None:
+        wire.start()
     # Horovod: one GPU per local rank, where there are GPUs.
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
@@ -392,6 +466,8 @@ def run(config: WorkerConfig) -> None:
     timer = epoch_timer()
     meter = allreduce_meter(sent)
     callbacks += [timer, meter]
+    if wire is not None:
+        callbacks.append(wire)
     started = time.perf_counter()
     history = model.fit(
         dataset,
@@ -403,6 +479,11 @@ def run(config: WorkerConfig) -> None:
         verbose=2 if rank == 0 else 0,
     )
     train_seconds = time.perf_counter() - started
+    # Horovod: every rank's wire counters, in rank order, to rank 0 (after the last epoch's
+    # counters were read: this gather is not counted in them).
+    wire_by_rank = (
+        hvd_tf.allgather_object(wire.report(), name="wire_meter") if wire is not None else None
+    )
     if rank != 0:
         return
     if guard.diverged is not None:
@@ -438,6 +519,11 @@ def run(config: WorkerConfig) -> None:
         "train_seconds": train_seconds,
         "samples_per_second": samples_per_epoch * epochs_run / train_seconds,
     }
+    if wire_by_rank is not None:
+        # Measured on the interfaces: bytes (and packets) each rank sent in each epoch, framing
+        # included, and before training (Horovod's control loop alone, for its rate).
+        metrics["wire_interfaces"] = interfaces
+        metrics["wire_sent_by_rank"] = wire_by_rank
     if config.evaluate:
         evaluation_started = time.perf_counter()
         # The model that is saved: no augmentation layer, no Horovod optimizer.

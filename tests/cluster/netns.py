@@ -79,6 +79,14 @@ class Host:
     def bytes_received(self) -> int:
         return int(Path(f"/sys/class/net/{self.veth}/statistics/tx_bytes").read_text())
 
+    def frame_every_segment(self) -> None:
+        """Send every TCP segment as a frame of its own (``gso_max_segs 1`` on eth0), as a
+        real Ethernet link does, so that the counters include each segment's headers: veth
+        otherwise passes GSO packets of up to 64 KiB whole, counting one header for each."""
+        done = self.run(["ip", "link", "set", "dev", "eth0", "gso_max_segs", "1"])
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.name}: cannot set gso_max_segs: {done.stderr.strip()}")
+
     def stop(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:
