@@ -13,7 +13,8 @@ import argparse
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,6 +52,15 @@ class Flag:
     """A flag without a value that sets the field to True."""
     default_help: str | None = None
     """What the help says of the default, when the value alone would not tell."""
+    environment_default: Callable[[Mapping[str, Any], Mapping[str, str]], Any] | None = None
+    """When the flag is not given: its value from the other flags' values and the
+    environment, or None for the config's default."""
+
+
+def _slurm_num_ranks(values: Mapping[str, Any], environ: Mapping[str, str]) -> int | None:
+    from training.slurm import default_num_ranks
+
+    return default_num_ranks(values.get("launcher"), environ)
 
 
 @functools.cache
@@ -250,6 +260,9 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     flag="--np",
                     type=whole_number,
                     help="Horovod ranks (horovodrun -np)",
+                    default_help=f"{_default(TrainConfig, 'num_ranks')}; with --launcher slurm, "
+                    "the allocation's SLURM_NTASKS",
+                    environment_default=_slurm_num_ranks,
                 ),
                 Flag(field="epochs", flag="--epochs", type=whole_number, help="training epochs"),
                 Flag(
@@ -328,7 +341,7 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     choices=("horovodrun", "slurm"),
                     help="slurm: run inside an sbatch/salloc allocation, horovodrun on its "
                     "nodes and task slots (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE) instead "
-                    'of --hosts; give --np "$SLURM_NTASKS"',
+                    "of --hosts; --np defaults to its task count",
                 ),
                 Flag(
                     field="backward_passes_per_step",
@@ -446,13 +459,29 @@ def add_flags(
             choices=flag.choices,
             metavar=flag.metavar or (None if flag.choices else flag.flag.lstrip("-").upper()),
             required=required,
-            default=None if required else default,
+            # None tells build() the flag was not given: the environment may choose.
+            default=None if required or flag.environment_default else default,
             help=help_text,
         )
 
 
-def build(cls: type[T], args: argparse.Namespace, group: str, **fixed: Any) -> T:
-    """``cls`` from the flags of ``group`` in ``args`` (and ``fixed`` fields)."""
+def build(
+    cls: type[T],
+    args: argparse.Namespace,
+    group: str,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    **fixed: Any,
+) -> T:
+    """``cls`` from the flags of ``group`` in ``args`` (and ``fixed`` fields); a flag with an
+    :attr:`Flag.environment_default` that was not given takes it from ``environ``."""
     _cls, flags = _config_flags()[group]
     values = {f.field: getattr(args, f.field) for f in flags if hasattr(args, f.field)}
+    for flag in flags:
+        if flag.environment_default is None or values.get(flag.field) is not None:
+            continue
+        values.pop(flag.field, None)
+        chosen = flag.environment_default(values, environ)
+        if chosen is not None:
+            values[flag.field] = chosen
     return cls(**values, **fixed)

@@ -7,7 +7,7 @@ sbatch/salloc describe the allocation in the environment of the batch script:
     SLURM_NTASKS         7                     the sum (absent when only -N was given)
             │
             ▼
-    -H vm01:2,vm02:2,vm03:2,gpu7:1
+    -H vm01:2,vm02:2,vm03:2,gpu7:1             and --np, when not given: 7
 
 horovodrun then starts the ranks itself: on the batch host directly, on the others over ssh
 (as with ``--hosts``), so the allocation's nodes must reach each other by ssh.
@@ -88,6 +88,29 @@ def allocation_hosts(
             f"{sum(slots)}"
         )
     return ",".join(f"{host}:{count}" for host, count in zip(hosts, slots, strict=True))
+
+
+def allocation_num_ranks(environ: Mapping[str, str]) -> int | None:
+    """The task count of the SLURM allocation ``environ`` describes: ``SLURM_NTASKS`` (or its
+    older name ``SLURM_NPROCS``), else the sum of ``SLURM_TASKS_PER_NODE`` (``sbatch -N 2``
+    alone sets no task count: one task per node); None outside an allocation."""
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    for name in ("SLURM_NTASKS", "SLURM_NPROCS"):
+        value = environ.get(name)
+        if not value:
+            continue
+        if not value.isdigit() or int(value) < 1:
+            raise ShardflowError(f"{name}={value!r} is not a task count; give --np")
+        return int(value)
+    tasks = environ.get("SLURM_TASKS_PER_NODE")
+    return sum(tasks_per_node(tasks)) if tasks else None
+
+
+def default_num_ranks(launcher: str | None, environ: Mapping[str, str]) -> int | None:
+    """``--np`` when it is not given: with ``--launcher slurm`` inside an allocation, its task
+    count (:func:`allocation_num_ranks`); None (TrainConfig's own default) otherwise."""
+    return allocation_num_ranks(environ) if launcher == "slurm" else None
 
 
 def allocation_slots(hosts: str) -> int:

@@ -138,44 +138,12 @@ def test_a_partition_sbatch_refuses_is_one_line(slurm_cluster: Slurm, slurm_home
     assert "invalid partition" in lines[0].lower(), lines[0]
 
 
-def test_train_inside_sbatch_uses_the_allocation(
-    slurm_cluster: Slurm, slurm_home: Path, tmp_path: Path
-) -> None:
-    """`sbatch --wait -n 2` of the script a user would write: horovodrun -np 2 on the
-    allocation's host, and a model committed."""
-    # The preprocess test made the processed version; alone, this test makes it here.
-    _ok(_shardflow(slurm_home, *PREPROCESS, "--workers", "2", "--json"))
-    script = tmp_path / "train.sbatch"
-    script.write_text(
-        "#!/bin/bash\n"
-        "#SBATCH -J shardflow-train\n"
-        "#SBATCH -n 2\n"
-        "#SBATCH -t 00:10:00\n"
-        f"#SBATCH -o {tmp_path}/train-%j.out\n"
-        f'exec {BIN / "shardflow"} train sdss --launcher slurm --np "$SLURM_NTASKS" '
-        "--epochs 1 --batch-size 64 --seed 3 --verbose --json\n"
-    )
-    done = slurm_cluster.run(
-        "sbatch", "--wait", "--parsable", str(script),
-        env={**slurm_cluster.env, "SHARDFLOW_HOME": str(slurm_home)}, timeout=600,
-    )  # fmt: skip
-    job_id = done.stdout.strip().split(";")[0]
-    output = (tmp_path / f"train-{job_id}.out").read_text() if job_id else ""
-    assert done.returncode == 0, (done.stderr, output[-3000:])
-    assert f"-H {slurm_cluster.hostname}:2" in output
-    result = json.loads(output.strip().splitlines()[-1])
-    model = Catalog(slurm_home / "catalog").get("sdss-dnn")
-    assert result["version"] == model.version
-    assert model.statistics["num_ranks"] == 2
-    record = next(job for job in slurm_cluster.finished_jobs() if job["JobId"] == job_id)
-    assert (record["JobState"], record["ProcCnt"]) == ("COMPLETED", "2")
-
-
 def test_the_pipeline_batch_script_runs_every_stage(
     slurm_cluster: Slurm, exports: Path, tmp_path: Path
 ) -> None:
     """deploy/slurm/pipeline.sbatch as a user submits it: ingest and preprocess on the
-    allocation, then the ranks on its two task slots."""
+    allocation, then `train --launcher slurm` without --np: horovodrun -np 2 on the
+    allocation's host (its two task slots), and a model committed."""
     home = tmp_path / "home"
     done = slurm_cluster.run(
         "sbatch", "--wait", "--parsable", str(ROOT / "deploy" / "slurm" / "pipeline.sbatch"),
@@ -187,6 +155,7 @@ def test_the_pipeline_batch_script_runs_every_stage(
     output_file = tmp_path / f"shardflow-pipeline-{job_id}.out"
     output = output_file.read_text() if job_id and output_file.exists() else ""
     assert done.returncode == 0, (done.stderr, output[-3000:])
+    assert f"-np 2 -H {slurm_cluster.hostname}:2" in output, output[-3000:]
     catalog = Catalog(home / "catalog")
     model = catalog.get("sdss-dnn")
     assert model.statistics["num_ranks"] == 2

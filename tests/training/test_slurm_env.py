@@ -11,7 +11,13 @@ from data_catalog.errors import ConfigError, ShardflowError
 from preprocessing.config import ClusterConfig
 from training.config import TrainConfig
 from training.launcher import horovodrun_command
-from training.slurm import allocation_hosts, horovodrun_hosts, tasks_per_node
+from training.slurm import (
+    allocation_hosts,
+    allocation_num_ranks,
+    default_num_ranks,
+    horovodrun_hosts,
+    tasks_per_node,
+)
 
 
 def _expand(nodelist: str) -> list[str]:
@@ -105,6 +111,66 @@ def test_horovodrun_command_takes_the_allocations_hosts(
         TrainConfig(num_ranks=4, launcher="slurm"), tmp_path, python="python"
     )
     assert command[:5] == ["horovodrun", "-np", "4", "-H", "c1:2,c2:2"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "num_ranks"),
+    [
+        (_allocation(SLURM_NTASKS="7", SLURM_TASKS_PER_NODE="2(x3),1"), 7),
+        # SLURM_NPROCS is the older name of the count.
+        (_allocation(SLURM_NPROCS="3", SLURM_TASKS_PER_NODE="3"), 3),
+        # sbatch -N 2 alone sets no count: one task per node.
+        (_allocation(SLURM_TASKS_PER_NODE="1(x2)"), 2),
+        ({"SLURM_NTASKS": "7"}, None),  # no SLURM_JOB_ID: not inside an allocation
+        ({}, None),
+    ],
+)
+def test_allocation_num_ranks(environ: dict[str, str], num_ranks: int | None) -> None:
+    assert allocation_num_ranks(environ) == num_ranks
+
+
+def test_a_task_count_that_is_no_number_is_refused() -> None:
+    with pytest.raises(ShardflowError, match="SLURM_NTASKS='x' is not a task count"):
+        allocation_num_ranks(_allocation(SLURM_NTASKS="x"))
+
+
+def test_np_defaults_to_the_task_count_only_with_the_slurm_launcher() -> None:
+    environ = _allocation(SLURM_NTASKS="6", SLURM_TASKS_PER_NODE="3(x2)")
+    assert default_num_ranks("slurm", environ) == 6
+    assert default_num_ranks("horovodrun", environ) is None
+    assert default_num_ranks(None, environ) is None
+
+
+def _train_config(environ: dict[str, str], *argv: str) -> TrainConfig:
+    """TrainConfig as `shardflow train fashion-mnist ARGV` builds it in ``environ``."""
+    from flows import options
+    from flows.cli import build_parser
+
+    args = build_parser().parse_args(["train", "fashion-mnist", *argv])
+    return options.build(TrainConfig, args, "train", environ=environ)
+
+
+def test_train_np_defaults_to_the_allocations_tasks() -> None:
+    inside = _allocation(SLURM_JOB_NODELIST="c[1-2]", SLURM_TASKS_PER_NODE="3(x2)",
+                         SLURM_NTASKS="6")  # fmt: skip
+    default = TrainConfig().num_ranks
+    assert default != 6
+    assert _train_config(inside, "--launcher", "slurm").num_ranks == 6
+    # Given, --np wins; another launcher, or outside an allocation, keeps the usual default.
+    assert _train_config(inside, "--launcher", "slurm", "--np", "2").num_ranks == 2
+    assert _train_config(inside).num_ranks == default
+    assert _train_config({}, "--launcher", "slurm").num_ranks == default
+    assert _train_config({}).num_ranks == default
+    assert _train_config({}, "--np", "3").num_ranks == 3
+
+
+def test_run_np_defaults_to_the_allocations_tasks() -> None:
+    from flows import options
+    from flows.cli import build_parser
+
+    args = build_parser().parse_args(["run", "fashion-mnist", "--launcher", "slurm"])
+    environ = _allocation(SLURM_NPROCS="4", SLURM_TASKS_PER_NODE="4")
+    assert options.build(TrainConfig, args, "train", environ=environ).num_ranks == 4
 
 
 def test_the_launcher_is_not_part_of_the_model_version() -> None:
