@@ -327,7 +327,34 @@ def train_flow(
     settings = _start(dataset, home)
     result = train_task(settings, dataset, config or TrainConfig())
     _train_artifacts(result)
+    _input_artifacts(settings, result)
     return result
+
+
+def _input_artifacts(settings: Settings, result: dict[str, Any]) -> None:
+    """Every rank's input after training, as a table (the train stage wrote the HTML report
+    in the run folder)."""
+    input_by_rank = result.get("input_by_rank")
+    if not input_by_rank:
+        return
+    flags = (result.get("input_summary") or {}).get("flags", {})
+    create_table_artifact(
+        key=_key(result["model_name"], "input-by-rank"),
+        table=[
+            {
+                "rank": r["rank"],
+                "input-bound %": round(100 * r["input_bound"], 1),
+                "mean step ms": round(1000 * r["mean_step_seconds"], 2),
+                "input ms/batch": round(1000 * r["input_seconds_per_batch"], 2),
+                "rows/s": round(r["rows_per_second"]),
+                "MB read": round(r["bytes_read"] / 1e6, 1),
+                "row groups read": r["row_groups_read"],
+                "flags": ", ".join(flags.get(str(r["rank"]), [])),
+            }
+            for r in input_by_rank
+        ],
+        description=f"{result['model_name']}@{result['version']}: each rank's input",
+    )
 
 
 def _train_artifacts(result: dict[str, Any]) -> None:

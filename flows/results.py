@@ -92,6 +92,9 @@ def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> d
         "allreduce_bytes_per_epoch_computed": metrics.get("allreduce_bytes_per_epoch_computed"),
         # Bytes each rank sent on --network-interface, per epoch (absent without it).
         "wire_sent_by_rank": metrics.get("wire_sent_by_rank"),
+        # Each rank's input and step times, and the flags drawn from them (absent before them).
+        "input_by_rank": metrics.get("input_by_rank"),
+        "input_summary": metrics.get("input_summary"),
         "resumed_after_epoch": metrics["resumed_after_epoch"],
         "run_dir": manifest.extra.get("run_dir"),
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from flows import results
@@ -119,4 +120,13 @@ def train(
         runs_dir=settings.runs_dir,
         progress=progress,
     )
-    return results.train_result(dataset, manifest, metrics)
+    result = results.train_result(dataset, manifest, metrics)
+    run_dir = result.get("run_dir")
+    if run_dir and Path(run_dir).is_dir():
+        from training.report import write_report
+
+        # The one view of this model version (docs/training.md, "Input view").
+        report = write_report(settings.catalog(), manifest.name, manifest.version, None)
+        result["report"] = str(report)
+        progress(f"report: {report}")
+    return result

@@ -22,10 +22,13 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from training.input_metrics import EpochInput, InputMeter
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,10 +247,12 @@ def epoch_batches(
     batch_size: int,
     steps: int,
     shuffle_buffer: int,
+    record: EpochInput | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """One rank's rows for one epoch, deterministically shuffled, as chunks of whole batches
     adding up to exactly ``steps`` batches: row groups in the epoch's order, rows mixed within
-    windows of ``shuffle_buffer`` rows by a generator seeded from (seed, epoch, rank)."""
+    windows of ``shuffle_buffer`` rows by a generator seeded from (seed, epoch, rank); what the
+    reader handed over is counted in ``record`` when given."""
     rng = np.random.default_rng([seed, epoch, rank, num_ranks])
     reader = _reader(url, spec, rank=rank, num_ranks=num_ranks, seed=epoch_seed(seed, epoch))
     left = steps * batch_size
@@ -269,6 +274,8 @@ def epoch_batches(
 
     try:
         for x, y in _batches(reader, spec):
+            if record is not None:
+                record.read(len(y), x.nbytes + y.nbytes, row_group=spec.format == "parquet")
             pending_x.append(x)
             pending_y.append(y)
             held += len(y)
@@ -297,9 +304,13 @@ def make_train_dataset(
     shuffle_buffer: int,
     first_epoch: int = 0,
     epochs: int | None = None,
+    meter: InputMeter | None = None,
+    test_delay: float = 0.0,
 ) -> Any:
     """tf.data.Dataset of (inputs, labels) batches: epoch ``first_epoch`` onwards (forever when
-    ``epochs`` is None), ``steps_per_epoch`` batches each, prefetched."""
+    ``epochs`` is None), ``steps_per_epoch`` batches each, prefetched. With ``meter``, each
+    epoch's input is timed and counted there; ``test_delay`` (seconds per batch, tests only:
+    :data:`training.input_metrics.INPUT_DELAY_ENV`) slows this metered input on purpose."""
     import itertools
 
     import tensorflow as tf
@@ -307,7 +318,8 @@ def make_train_dataset(
     def generate() -> Iterator[tuple[Any, Any]]:
         last = itertools.count(first_epoch) if epochs is None else range(first_epoch, epochs)
         for epoch in last:
-            yield from epoch_batches(
+            record = meter.epoch(epoch) if meter is not None else None
+            chunks = epoch_batches(
                 url,
                 spec,
                 rank=rank,
@@ -317,7 +329,13 @@ def make_train_dataset(
                 batch_size=batch_size,
                 steps=steps_per_epoch,
                 shuffle_buffer=shuffle_buffer,
+                record=record,
             )
+            if record is not None:
+                from training.input_metrics import metered
+
+                chunks = metered(chunks, record, batch_size=batch_size, delay=test_delay)
+            yield from chunks
 
     signature = (
         tf.TensorSpec(shape=(None, *spec.input_shape), dtype=tf.as_dtype(spec.stream_dtype)),

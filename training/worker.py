@@ -343,6 +343,7 @@ def run(config: WorkerConfig) -> None:
 
     from training import models
     from training.input import InputSpec, in_batches, load_split, make_train_dataset
+    from training.input_metrics import InputMeter, input_delay, step_meter, summarize
 
     # petastorm 0.13.1 reads through pyarrow's legacy ParquetDataset, which warns on every
     # call; pyarrow stays at 14 for it (docs/STACK.md).
@@ -404,6 +405,10 @@ def run(config: WorkerConfig) -> None:
         if weights is not None:
             model.load_weights(str(weights))  # rank 0; the broadcast below reaches the others
             print(f"resuming after epoch {done} from {weights}", flush=True)
+    # What each rank's input and steps take (every rank records its own; gathered after fit).
+    input_meter = InputMeter()
+    # A test hook: slows one rank's input on purpose (SHARDFLOW_TEST_INPUT_DELAY); 0 otherwise.
+    test_delay = input_delay(rank, os.environ)
     # Epochs initial_epoch.. in their planned order (a resumed run reads what it would have).
     dataset = make_train_dataset(
         config.train_url,
@@ -416,6 +421,8 @@ def run(config: WorkerConfig) -> None:
         shuffle_buffer=train.shuffle_buffer,
         first_epoch=initial_epoch,
         epochs=train.epochs,
+        meter=input_meter,
+        test_delay=test_delay,
     )
     validation = (
         in_batches(load_split(config.validation_dir, spec), EVALUATION_BATCH)
@@ -465,7 +472,9 @@ def run(config: WorkerConfig) -> None:
         )
     timer = epoch_timer()
     meter = allreduce_meter(sent)
-    callbacks += [timer, meter]
+    # Horovod: one TensorBoard folder per rank for its input scalars.
+    step_times = step_meter(input_meter, rank, str(run_dir / "tensorboard" / f"rank-{rank}"))
+    callbacks += [timer, meter, step_times]
     if wire is not None:
         callbacks.append(wire)
     started = time.perf_counter()
@@ -484,6 +493,8 @@ def run(config: WorkerConfig) -> None:
     wire_by_rank = (
         hvd_tf.allgather_object(wire.report(), name="wire_meter") if wire is not None else None
     )
+    # Horovod: every rank's input metrics, in rank order, to rank 0 (once, after training).
+    input_by_rank = hvd_tf.allgather_object(step_times.report(), name="input_meter")
     if rank != 0:
         return
     if guard.diverged is not None:
@@ -524,6 +535,10 @@ def run(config: WorkerConfig) -> None:
         # included, and before training (Horovod's control loop alone, for its rate).
         metrics["wire_interfaces"] = interfaces
         metrics["wire_sent_by_rank"] = wire_by_rank
+    metrics["input_by_rank"] = input_by_rank
+    metrics["input_summary"] = summarize(input_by_rank)
+    for line in describe_input(input_by_rank, metrics["input_summary"]):
+        print(line, flush=True)
     if config.evaluate:
         evaluation_started = time.perf_counter()
         # The model that is saved: no augmentation layer, no Horovod optimizer.
@@ -542,6 +557,22 @@ def run(config: WorkerConfig) -> None:
         )
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     plot_curves(metrics, run_dir / "curves.png")
+
+
+def describe_input(input_by_rank: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    """One line per rank: its input-bound share, step time, input time per batch, flags."""
+    return [
+        f"rank {r['rank']}: input-bound {100 * r['input_bound']:.0f}%, "
+        f"step {1000 * r['mean_step_seconds']:.1f} ms, "
+        f"input {1000 * r['input_seconds_per_batch']:.1f} ms/batch, "
+        f"{r['rows_per_second']:.0f} rows/s"
+        + (
+            f" [{', '.join(summary['flags'][str(r['rank'])])}]"
+            if summary["flags"].get(str(r["rank"]))
+            else ""
+        )
+        for r in input_by_rank
+    ]
 
 
 def plot_curves(metrics: dict[str, Any], path: Path) -> None:

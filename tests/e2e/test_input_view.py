@@ -1,0 +1,68 @@
+"""A rank slowed on purpose shows in the metrics and in the report as input-bound and slowest."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+from tests.flows.test_prefect_server import chromium_command
+
+pytestmark = pytest.mark.e2e
+
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "input-view.png"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_slowed_rank_is_flagged_in_the_metrics_and_the_report(
+    shardflow: Callable[..., Result],
+    fashion_subset: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset)).returncode == 0
+    assert shardflow("preprocess", "fashion-mnist").returncode == 0
+    # 0.1 s before each of rank 1's batches: many times a CNN step on 28x28 images, so that
+    # rank 1 is paced by its input however busy the machine is.
+    monkeypatch.setenv("SHARDFLOW_TEST_INPUT_DELAY", "1:0.1")
+    trained = shardflow("train", "fashion-mnist", "--np", "2", "--epochs", "1", "--json")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    result = trained.json
+    by_rank = result["input_by_rank"]
+    assert [r["rank"] for r in by_rank] == [0, 1]
+    for r in by_rank:
+        assert r["steps"] == result["steps_per_epoch"]
+        assert r["rows_per_second"] > 0
+        assert r["bytes_read"] > 0
+        assert r["row_groups_read"] > 0
+    summary = result["input_summary"]
+    assert summary["slowest_rank"] == 1
+    assert "input-bound" in summary["flags"]["1"]
+    assert summary["flags"]["0"] == []
+
+    report = shardflow("report", "fashion-mnist-cnn", "--json")
+    assert report.returncode == 0, report.stderr[-2000:]
+    page = Path(report.json["path"])
+    assert page == Path(result["run_dir"]) / "report.html"
+    text = page.read_text()
+    assert f"fashion-mnist-cnn@{result['version']}" in text
+    assert result["dataset_version"] in text  # linked back to the processed version
+    assert text.count('<span class="flag">input-bound</span>') == 1
+    assert "slowest rank: <b>1</b>" in text
+    assert "data:image/png;base64," in text
+
+    shot = tmp_path / "input-view.png"
+    subprocess.run(
+        [*chromium_command(tmp_path), f"--screenshot={shot}", page.as_uri()],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert shot.read_bytes().startswith(PNG)
+    if os.environ.get("SHARDFLOW_UPDATE_DOCS"):
+        shutil.copy(shot, DOCS_SCREENSHOT)
