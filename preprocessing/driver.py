@@ -483,6 +483,7 @@ def dask_client(
     from distributed import Client, LocalCluster
 
     client_class = client_class or Client
+    logging.getLogger("tornado.application").addFilter(_not_a_cancel_race)
     if config.scheduler is not None:
         try:
             client = client_class(config.scheduler, timeout="10s")
@@ -752,6 +753,16 @@ def _not_a_lost_scheduler(record: logging.LogRecord) -> bool:
     # stopped by Ctrl-C) logs the failed heartbeat with a traceback; the command itself
     # reports a scheduler lost mid-run.
     return "Failed to communicate with scheduler during heartbeat" not in record.getMessage()
+
+
+def _not_a_cancel_race(record: logging.LogRecord) -> bool:
+    # distributed 2026.8's `utils.sync`: a Ctrl-C that arrives before the coroutine it waits
+    # on has started schedules `cancel()`, which reads the unassigned `future` and raises
+    # NameError in the event loop's thread; tornado logs it with a traceback. The interrupt
+    # itself is handled (the command stops and says so in one line).
+    if record.exc_info is None or not isinstance(record.exc_info[1], NameError):
+        return True
+    return "sync.<locals>.cancel" not in record.getMessage()
 
 
 def _quiet_task_failures_plugin() -> Any:
