@@ -75,6 +75,9 @@ _CLASSES = pa.array(schemas.SDSS_CLASSES, type=pa.string())
 # Keys are compared across pieces in buckets (by hash) of about this many, one task each: a
 # task's memory stays flat however many rows the input has.
 KEY_BUCKET_ROWS = 1_000_000
+# ... and at least this many (no more than there are pieces), so that one bucket task does not
+# keep one worker busy while the others wait.
+MIN_KEY_BUCKETS = 2
 # The work subfolder of a piece scanned again to drop its duplicates of other pieces' rows.
 RESCAN_FOLDER = "rescan"
 
@@ -193,9 +196,10 @@ def duplicates_path(work: str, bucket: int) -> Path:
     return Path(work) / "duplicates" / f"{bucket:05d}.arrow"
 
 
-def num_key_buckets(rows: int) -> int:
-    """Key buckets for ``rows`` raw rows (at least one)."""
-    return max(1, -(-rows // KEY_BUCKET_ROWS))
+def num_key_buckets(rows: int, pieces: int = 1) -> int:
+    """Key buckets for ``rows`` raw rows in ``pieces`` pieces (at least one). The count
+    changes how the work is split, never what is written."""
+    return max(1, -(-rows // KEY_BUCKET_ROWS), min(pieces, MIN_KEY_BUCKETS))
 
 
 def key_buckets(
@@ -284,6 +288,16 @@ def find_duplicates(bucket: int, parts: tuple[tuple[int, int, int], ...], work: 
         for name, arrays in columns.items()
     )
     piece = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int64)
+    keys_in_bucket = len(objid)
+    # Only rows whose objid occurs more than once can repeat a key: one sort of one column
+    # finds them (a four-column lexsort of every key cost 10 % of the whole preprocess).
+    by_objid = np.argsort(objid, kind="stable")
+    same = objid[by_objid][1:] == objid[by_objid][:-1]
+    shared = np.zeros(keys_in_bucket, dtype=bool)
+    shared[1:] |= same
+    shared[:-1] |= same
+    candidates = by_objid[shared]
+    objid, specobjid, row, piece = (a[candidates] for a in (objid, specobjid, row, piece))
     order = np.lexsort((row, piece, specobjid, objid))
     objid, specobjid = objid[order], specobjid[order]
     repeat = np.zeros(len(order), dtype=bool)
@@ -294,7 +308,7 @@ def find_duplicates(bucket: int, parts: tuple[tuple[int, int, int], ...], work: 
     pieces, counts = np.unique(dropped_piece, return_counts=True)
     result: Result = {
         "bucket": bucket,
-        "keys": len(order),
+        "keys": keys_in_bucket,
         "pieces": [[int(p), int(c)] for p, c in zip(pieces, counts, strict=True)],
     }
     record_result(out, result)
@@ -465,7 +479,7 @@ class SdssJob:
 
     @property
     def num_key_buckets(self) -> int:
-        return num_key_buckets(sum(p.rows for p in self.pieces))
+        return num_key_buckets(sum(p.rows for p in self.pieces), len(self.pieces))
 
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
         if pass_name == "scan":
