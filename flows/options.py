@@ -365,6 +365,15 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     "checkpoint",
                 ),
                 Flag(
+                    field="checkpoint_every",
+                    flag="--checkpoint-every",
+                    type=whole_number,
+                    metavar="STEPS",
+                    help="also checkpoint model, optimizer and input position every STEPS "
+                    "steps (and on SIGTERM), so that --resume continues mid-epoch exactly",
+                    default_help="0: at epoch ends only",
+                ),
+                Flag(
                     field="augment",
                     flag="--augment",
                     switch=True,

@@ -96,6 +96,8 @@ def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> d
         "input_by_rank": metrics.get("input_by_rank"),
         "input_summary": metrics.get("input_summary"),
         "resumed_after_epoch": metrics["resumed_after_epoch"],
+        # A mid-epoch resume's epoch (from 1), step and what it did (absent or None otherwise).
+        "resumed_at": metrics.get("resumed_at"),
         "run_dir": manifest.extra.get("run_dir"),
     }
 

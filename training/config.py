@@ -29,6 +29,7 @@ EXECUTION_ONLY = (
     "controller",
     "launcher",
     "resume",
+    "checkpoint_every",
     "timeline",
 )
 
@@ -80,6 +81,9 @@ class TrainConfig:
     hosts and task slots of the SLURM allocation it runs in (training.slurm)."""
     resume: bool = False
     """Continue from the last checkpoint of an interrupted run of the same configuration."""
+    checkpoint_every: int = 0
+    """Rank 0 also saves the model, the optimizer and the input position every this many
+    steps, for an exact mid-epoch ``resume`` (training.checkpoints); 0: at epoch ends only."""
     timeline: bool = False
     """Write Horovod's timeline (chrome://tracing JSON) into the run directory."""
 
@@ -92,6 +96,7 @@ class TrainConfig:
             "seed": 0,
             "shuffle_buffer": 1,
             "backward_passes_per_step": 1,
+            "checkpoint_every": 0,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)

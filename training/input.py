@@ -17,6 +17,7 @@ Ranks are plain integers here; only the worker entry point asks Horovod for them
 
 from __future__ import annotations
 
+import json
 import random
 import warnings
 from collections.abc import Iterator, Sequence
@@ -292,6 +293,100 @@ def epoch_batches(
         raise RuntimeError(f"rank {rank} ran out of rows in epoch {epoch}: {left} short")
 
 
+@dataclass(frozen=True, kw_only=True)
+class PartialEpoch:
+    """The rest of an epoch a resumed run finishes first (training.checkpoints.plan_resume)."""
+
+    skip: int = 0
+    """Same rank count: the batches of the epoch each rank skips (already trained on)."""
+    sources: list[tuple[int, int]] | None = None
+    """Another rank count: (old rank, old step) of each batch this rank feeds, in order, from
+    the plan of ``old_num_ranks`` ranks taking ``old_steps`` steps per epoch."""
+    old_num_ranks: int = 0
+    old_steps: int = 0
+
+
+def skip_batches(
+    chunks: Iterator[tuple[Any, Any]], batches: int, batch_size: int
+) -> Iterator[tuple[Any, Any]]:
+    """``chunks`` (of whole batches) without their first ``batches`` batches; what follows is
+    unchanged, in the same order."""
+    rows = batches * batch_size
+    for x, y in chunks:
+        if rows >= len(y):
+            rows -= len(y)
+            continue
+        yield (x[rows:], y[rows:]) if rows else (x, y)
+        rows = 0
+
+
+def split_batches(chunks: Iterator[tuple[Any, Any]], batch_size: int) -> Iterator[tuple[Any, Any]]:
+    """Chunks of whole batches as one batch at a time."""
+    for x, y in chunks:
+        for start in range(0, len(y), batch_size):
+            yield x[start : start + batch_size], y[start : start + batch_size]
+
+
+def regathered_batches(
+    url: str,
+    spec: InputSpec,
+    *,
+    sources: Sequence[tuple[int, int]],
+    old_num_ranks: int,
+    old_steps: int,
+    seed: int,
+    epoch: int,
+    batch_size: int,
+    shuffle_buffer: int,
+    record: EpochInput | None = None,
+) -> Iterator[tuple[Any, Any]]:
+    """The batches ``sources`` names ((old rank, old step), steps increasing per old rank) of
+    the plan of ``old_num_ranks`` ranks for ``epoch``, in that order: each old rank's stream is
+    replayed (its deterministic order) up to the batches wanted."""
+    streams: dict[int, Iterator[tuple[Any, Any]]] = {}
+    positions: dict[int, int] = {}
+    try:
+        for old_rank, old_step in sources:
+            if old_rank not in streams:
+                streams[old_rank] = split_batches(
+                    epoch_batches(
+                        url,
+                        spec,
+                        rank=old_rank,
+                        num_ranks=old_num_ranks,
+                        seed=seed,
+                        epoch=epoch,
+                        batch_size=batch_size,
+                        steps=old_steps,
+                        shuffle_buffer=shuffle_buffer,
+                        record=record,
+                    ),
+                    batch_size,
+                )
+                positions[old_rank] = 0
+            while True:
+                batch = next(streams[old_rank])
+                positions[old_rank] += 1
+                if positions[old_rank] > old_step:
+                    yield batch
+                    break
+    finally:
+        for stream in streams.values():
+            stream.close()  # type: ignore[attr-defined]
+
+
+def row_ids(inputs: Any, labels: Any) -> list[str]:
+    """A short digest of each row (its input bytes and label): which rows a batch held."""
+    import hashlib
+
+    return [
+        hashlib.blake2b(
+            np.ascontiguousarray(x).tobytes() + bytes([int(y) % 256]), digest_size=6
+        ).hexdigest()
+        for x, y in zip(inputs, labels, strict=True)
+    ]
+
+
 def make_train_dataset(
     url: str,
     spec: InputSpec,
@@ -306,36 +401,73 @@ def make_train_dataset(
     epochs: int | None = None,
     meter: InputMeter | None = None,
     test_delay: float = 0.0,
+    partial: PartialEpoch | None = None,
+    record_rows: Path | None = None,
 ) -> Any:
     """tf.data.Dataset of (inputs, labels) batches: epoch ``first_epoch`` onwards (forever when
-    ``epochs`` is None), ``steps_per_epoch`` batches each, prefetched. With ``meter``, each
+    ``epochs`` is None), ``steps_per_epoch`` batches each, prefetched; with ``partial``, the
+    first of them is only the rest of that epoch (a mid-epoch resume). With ``meter``, each
     epoch's input is timed and counted there; ``test_delay`` (seconds per batch, tests only:
-    :data:`training.input_metrics.INPUT_DELAY_ENV`) slows this metered input on purpose."""
+    :data:`training.input_metrics.INPUT_DELAY_ENV`) slows this metered input on purpose;
+    ``record_rows`` (tests only) gets a JSON line per batch: epoch, step, :func:`row_ids`."""
     import itertools
 
     import tensorflow as tf
+
+    def epoch_input(epoch: int, record: EpochInput | None) -> tuple[int, Iterator[Any]]:
+        """(the epoch's first step, its chunks)."""
+        if partial is not None and epoch == first_epoch and partial.sources is not None:
+            chunks = regathered_batches(
+                url,
+                spec,
+                sources=partial.sources,
+                old_num_ranks=partial.old_num_ranks,
+                old_steps=partial.old_steps,
+                seed=seed,
+                epoch=epoch,
+                batch_size=batch_size,
+                shuffle_buffer=shuffle_buffer,
+                record=record,
+            )
+            return 0, chunks
+        chunks = epoch_batches(
+            url,
+            spec,
+            rank=rank,
+            num_ranks=num_ranks,
+            seed=seed,
+            epoch=epoch,
+            batch_size=batch_size,
+            steps=steps_per_epoch,
+            shuffle_buffer=shuffle_buffer,
+            record=record,
+        )
+        if partial is not None and epoch == first_epoch and partial.skip:
+            # The epoch's order is replayed and its first batches dropped, not re-planned:
+            # what follows is exactly what the uninterrupted run fed.
+            return partial.skip, skip_batches(chunks, partial.skip, batch_size)
+        return 0, chunks
 
     def generate() -> Iterator[tuple[Any, Any]]:
         last = itertools.count(first_epoch) if epochs is None else range(first_epoch, epochs)
         for epoch in last:
             record = meter.epoch(epoch) if meter is not None else None
-            chunks = epoch_batches(
-                url,
-                spec,
-                rank=rank,
-                num_ranks=num_ranks,
-                seed=seed,
-                epoch=epoch,
-                batch_size=batch_size,
-                steps=steps_per_epoch,
-                shuffle_buffer=shuffle_buffer,
-                record=record,
-            )
+            first_step, chunks = epoch_input(epoch, record)
             if record is not None:
                 from training.input_metrics import metered
 
                 chunks = metered(chunks, record, batch_size=batch_size, delay=test_delay)
-            yield from chunks
+            if record_rows is None:
+                yield from chunks
+                continue
+            step = first_step
+            with record_rows.open("a") as log:
+                for x, y in split_batches(chunks, batch_size):
+                    ids = row_ids(x, y)
+                    log.write(json.dumps({"epoch": epoch, "step": step, "rows": ids}) + "\n")
+                    log.flush()
+                    step += 1
+                    yield x, y
 
     signature = (
         tf.TensorSpec(shape=(None, *spec.input_shape), dtype=tf.as_dtype(spec.stream_dtype)),

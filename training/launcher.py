@@ -21,13 +21,14 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from data_catalog import Catalog, Manifest, derived_version, model_name, processed_name
 from data_catalog.errors import ShardflowError
 from training import models
+from training.checkpoints import STEP_CHECKPOINT
 from training.config import TrainConfig
 from training.hosts import check_hosts
 from training.input import SplitLayout, as_url
@@ -142,10 +143,19 @@ def train(
     if remote:
         progress(f"hosts {', '.join(remote)}: reachable by ssh, same code")
     run_dir = runs_dir / f"{name}-{version}"
+    train_url = as_url(_split_location(catalog, processed, "train") or "")
     if config.resume:
         if not (run_dir / "checkpoints").is_dir():
-            raise ShardflowError(
-                f"nothing to resume: no checkpoints of this configuration in {run_dir}"
+            other = _step_checkpoint_of_other_rank_count(runs_dir, name, config, train_url)
+            if other is None:
+                raise ShardflowError(
+                    f"nothing to resume: no checkpoints of this configuration in {run_dir}"
+                )
+            (run_dir / "checkpoints").mkdir(parents=True)
+            shutil.copy2(other, run_dir / "checkpoints" / STEP_CHECKPOINT)
+            progress(
+                f"resume: no checkpoint of {config.num_ranks} ranks; continuing from {other}, "
+                "a run of the same configuration on another rank count"
             )
     elif run_dir.exists():
         shutil.rmtree(run_dir)
@@ -153,7 +163,7 @@ def train(
     normalization = processed.statistics.get("normalization", {})
     worker_config = WorkerConfig(
         train=config,
-        train_url=as_url(_split_location(catalog, processed, "train") or ""),
+        train_url=train_url,
         test_dir=_split_location(catalog, processed, "test") or "",
         validation_dir=_split_location(catalog, processed, "validation"),
         run_dir=str(run_dir),
@@ -206,6 +216,26 @@ def train(
     return manifest, metrics
 
 
+def _step_checkpoint_of_other_rank_count(
+    runs_dir: Path, name: str, config: TrainConfig, train_url: str
+) -> Path | None:
+    """The newest step checkpoint of a run of ``config`` on another number of ranks (the same
+    parameters but ``num_ranks``, the same training split), or None."""
+    found = []
+    for worker_json in runs_dir.glob(f"{name}-*/worker.json"):
+        step_file = worker_json.parent / "checkpoints" / STEP_CHECKPOINT
+        if not step_file.is_file():
+            continue
+        other = WorkerConfig.load(worker_json)
+        same = replace(other.train, num_ranks=config.num_ranks).parameters()
+        moved = other.train.num_ranks != config.num_ranks
+        # The split by catalog name, version and split (a catalog copied elsewhere is the same).
+        same_split = other.train_url.split("/")[-3:] == train_url.split("/")[-3:]
+        if moved and same == config.parameters() and same_split:
+            found.append(step_file)
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
 def _refuse_diverged(report: Path) -> None:
     """A one-line ShardflowError when the ranks stopped because training diverged (rank 0
     wrote ``report`` instead of a model: training.worker.divergence_guard)."""
@@ -226,7 +256,11 @@ def _run_dir_kept_only_with_checkpoints(run_dir: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if last_checkpoint(run_dir / "checkpoints")[1] is None:
+        checkpoints = run_dir / "checkpoints"
+        if (
+            last_checkpoint(checkpoints)[1] is None
+            and not (checkpoints / STEP_CHECKPOINT).is_file()
+        ):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
 

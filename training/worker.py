@@ -72,6 +72,9 @@ DIVERGED_NAME = "diverged.json"
 EXPLODED_FACTOR = 1e3
 # Steps between the ranks' checks that no rank diverged (and at every epoch's end).
 GUARD_EVERY = 16
+# A test hook: when "1", every rank appends each batch's row ids to rows-rank-<rank>.jsonl in
+# the run folder (training.input.row_ids).
+RECORD_ROWS_ENV = "SHARDFLOW_TEST_RECORD_ROWS"
 
 
 def _configure_threads(local_size: int, threads_per_rank: int) -> None:
@@ -209,6 +212,126 @@ def last_checkpoint(checkpoints: Path) -> tuple[int, Path | None]:
     return int(found[-1].stem.split("-")[1]), found[-1]
 
 
+def shifted_batches(callback: Any, offset: int) -> Any:
+    """``callback`` seeing batch ``b`` of the next epoch as ``b + offset``: a resumed run's
+    shortened first epoch starts at step ``offset`` of it, and the learning-rate schedule must
+    go on from there, not from the epoch's start."""
+    import tensorflow as tf
+
+    class Shifted(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def set_model(self, model: Any) -> None:
+            super().set_model(model)
+            callback.set_model(model)
+
+        def set_params(self, params: Any) -> None:
+            super().set_params(params)
+            callback.set_params(params)
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            callback.on_train_begin(logs)
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            callback.on_epoch_begin(epoch, logs)
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            callback.on_train_batch_begin(batch + offset, logs)
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            callback.on_train_batch_end(batch + offset, logs)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            callback.on_epoch_end(epoch, logs)
+
+    return Shifted()
+
+
+def step_checkpointer(
+    path: Path,
+    position: Callable[[int, int], Any],
+    *,
+    every: int,
+    steps_per_epoch: int,
+    backward_passes_per_step: int,
+    guard: Any,
+) -> Any:
+    """A Keras callback (rank 0) that saves the model, the optimizer and the input position
+    (training.checkpoints) every ``every`` steps, at every epoch's end, and at the first step
+    boundary after SIGTERM (then ends the process); ``position(epoch, step)`` makes the
+    :class:`~training.checkpoints.Position`. ``.offset`` is the first step of the next epoch
+    (a resumed run's shortened epoch); ``.mid_epoch`` False saves only at epoch ends."""
+    import signal
+
+    import tensorflow as tf
+
+    from training import checkpoints as step_checkpoints
+
+    class StepCheckpointer(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.offset = 0
+            self.mid_epoch = True
+            self.terminated = False
+            self.training = False
+            self._epoch = 0
+            self._first = 0
+
+        def handle_sigterm(self, signum: int, frame: Any) -> None:
+            if not self.training:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            self.terminated = True
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.training = True
+
+        def on_train_end(self, logs: Any = None) -> None:
+            self.training = False
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._epoch, self._first, self.offset = epoch, self.offset, 0
+
+        def _save(self, epoch: int, step: int) -> None:
+            weights = self.model.get_weights()
+            optimizer = self.model.optimizer.get_weights()
+            step_checkpoints.save(path, position(epoch, step), weights, optimizer)
+            print(f"step checkpoint: epoch {epoch + 1} step {step} -> {path}", flush=True)
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            step = self._first + batch + 1
+            if guard.diverged is not None or step >= steps_per_epoch:
+                return
+            global_step = self._epoch * steps_per_epoch + step
+            due = step_checkpoints.should_save(global_step, every, backward_passes_per_step)
+            aligned = global_step % backward_passes_per_step == 0
+            if self.mid_epoch and (due or (self.terminated and aligned)):
+                self._save(self._epoch, step)
+            if self.terminated:
+                print(f"SIGTERM: stopped after epoch {self._epoch + 1} step {step}", flush=True)
+                os._exit(128 + signal.SIGTERM)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if guard.diverged is None:
+                self._save(epoch + 1, 0)
+
+    checkpointer = StepCheckpointer()
+    signal.signal(signal.SIGTERM, checkpointer.handle_sigterm)
+    return checkpointer
+
+
+def _resume_choice(checkpoints: Path, step_file: Path) -> dict[str, Any]:
+    """Where rank 0 resumes from: the newest epoch checkpoint ({"kind": "epoch", "done",
+    "weights"}) or the step checkpoint ({"kind": "step", "position"}) when it is as far on (it
+    also holds the optimizer and the input position)."""
+    from training import checkpoints as step_checkpoints
+
+    done, weights = last_checkpoint(checkpoints)
+    if step_file.is_file():
+        position, _weights, _optimizer = step_checkpoints.load(step_file)
+        if position.epoch + position.step / position.steps_per_epoch >= done:
+            return {"kind": "step", "position": asdict(position)}
+    return {"kind": "epoch", "done": done, "weights": str(weights) if weights else None}
+
+
 def pin_to_one_core() -> None:
     """Bind this rank, and every thread it starts from now on, to one core of its own.
 
@@ -341,8 +464,15 @@ def run(config: WorkerConfig) -> None:
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
+    from training import checkpoints as step_checkpoints
     from training import models
-    from training.input import InputSpec, in_batches, load_split, make_train_dataset
+    from training.input import (
+        InputSpec,
+        PartialEpoch,
+        in_batches,
+        load_split,
+        make_train_dataset,
+    )
     from training.input_metrics import InputMeter, input_delay, step_meter, summarize
 
     # petastorm 0.13.1 reads through pyarrow's legacy ParquetDataset, which warns on every
@@ -397,33 +527,78 @@ def run(config: WorkerConfig) -> None:
     )
     run_dir = Path(config.run_dir)
     checkpoints = run_dir / "checkpoints"
+    step_file = checkpoints / step_checkpoints.STEP_CHECKPOINT
     initial_epoch = 0
+    # A mid-epoch resume: the rest of epoch ``initial_epoch`` first (``partial_steps`` steps,
+    # the first of them step ``step_offset`` of the schedule), then whole epochs.
+    partial: PartialEpoch | None = None
+    partial_steps = 0
+    step_offset = 0
+    resumed_at: dict[str, Any] | None = None
     if train.resume:
         # Horovod: rank 0 decides where to resume from and tells the others.
-        done, weights = last_checkpoint(checkpoints) if rank == 0 else (0, None)
-        initial_epoch = int(hvd_tf.broadcast_object(done, root_rank=0))
-        if weights is not None:
-            model.load_weights(str(weights))  # rank 0; the broadcast below reaches the others
-            print(f"resuming after epoch {done} from {weights}", flush=True)
+        choice = _resume_choice(checkpoints, step_file) if rank == 0 else None
+        choice = hvd_tf.broadcast_object(choice, root_rank=0)
+        # Horovod: every rank creates the optimizer's slots, so that all of them are broadcast.
+        optimizer._create_all_weights(model.trainable_variables)
+        if choice["kind"] == "epoch":
+            initial_epoch = choice["done"]
+            if rank == 0 and choice["weights"] is not None:
+                model.load_weights(choice["weights"])
+                print(f"resuming after epoch {initial_epoch} from {choice['weights']}", flush=True)
+        else:
+            position = step_checkpoints.Position(**choice["position"])
+            plan = step_checkpoints.plan_resume(
+                position, num_ranks=num_ranks, batch_size=train.batch_size
+            )
+            if rank == 0:
+                _position, weights, optimizer_weights = step_checkpoints.load(step_file)
+                model.set_weights(weights)
+                optimizer.set_weights(optimizer_weights)
+                print(plan.note, flush=True)
+            initial_epoch = plan.epoch
+            if plan.steps and (plan.sources or plan.steps < config.steps_per_epoch):
+                partial_steps = plan.steps
+                step_offset = config.steps_per_epoch - plan.steps
+                partial = PartialEpoch(
+                    skip=0 if plan.sources else position.step,
+                    sources=plan.sources[rank] if plan.sources else None,
+                    old_num_ranks=position.num_ranks,
+                    old_steps=position.steps_per_epoch,
+                )
+            resumed_at = {"epoch": plan.epoch + 1, "step": step_offset, "note": plan.note}
+        # Horovod: every rank starts from rank 0's restored weights and optimizer state (the
+        # callback below broadcasts only after the first step, which must already be equal).
+        hvd_tf.broadcast_variables(model.variables, root_rank=0)
+        hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
     # What each rank's input and steps take (every rank records its own; gathered after fit).
     input_meter = InputMeter()
     # A test hook: slows one rank's input on purpose (SHARDFLOW_TEST_INPUT_DELAY); 0 otherwise.
     test_delay = input_delay(rank, os.environ)
-    # Epochs initial_epoch.. in their planned order (a resumed run reads what it would have).
-    dataset = make_train_dataset(
-        config.train_url,
-        spec,
-        rank=rank,
-        num_ranks=num_ranks,
-        batch_size=train.batch_size,
-        steps_per_epoch=config.steps_per_epoch,
-        seed=train.seed,
-        shuffle_buffer=train.shuffle_buffer,
-        first_epoch=initial_epoch,
-        epochs=train.epochs,
-        meter=input_meter,
-        test_delay=test_delay,
+    # A test hook: every batch's row ids, per rank, into the run folder.
+    record_rows = (
+        run_dir / f"rows-rank-{rank}.jsonl" if os.environ.get(RECORD_ROWS_ENV) == "1" else None
     )
+
+    def train_dataset(first: int, last: int, part: PartialEpoch | None) -> Any:
+        # Epochs first..last-1 in their planned order (a resumed run reads what it would have).
+        return make_train_dataset(
+            config.train_url,
+            spec,
+            rank=rank,
+            num_ranks=num_ranks,
+            batch_size=train.batch_size,
+            steps_per_epoch=config.steps_per_epoch,
+            seed=train.seed,
+            shuffle_buffer=train.shuffle_buffer,
+            first_epoch=first,
+            epochs=last,
+            meter=input_meter,
+            test_delay=test_delay,
+            partial=part,
+            record_rows=record_rows,
+        )
+
     validation = (
         in_batches(load_split(config.validation_dir, spec), EVALUATION_BATCH)
         if config.validation_dir is not None
@@ -435,9 +610,10 @@ def run(config: WorkerConfig) -> None:
         # Horovod: report metrics averaged over all ranks.
         hvd.callbacks.MetricAverageCallback(),
     ]
+    schedules: list[Any] = []
     if warmup_epochs:
         # Horovod: ramp the scaled learning rate up over the first epoch(s).
-        callbacks.append(
+        schedules.append(
             hvd.callbacks.LearningRateWarmupCallback(
                 initial_lr=scaled_lr,
                 warmup_epochs=warmup_epochs,
@@ -448,7 +624,7 @@ def run(config: WorkerConfig) -> None:
     if train.epochs > warmup_epochs:
         # Then a cosine decay to the end: on short schedules the last epoch at a low rate is
         # worth about a point of test accuracy.
-        callbacks.append(
+        schedules.append(
             hvd.callbacks.LearningRateScheduleCallback(
                 initial_lr=scaled_lr,
                 multiplier=cosine_decay(warmup_epochs, train.epochs),
@@ -457,6 +633,7 @@ def run(config: WorkerConfig) -> None:
                 steps_per_epoch=config.steps_per_epoch,
             )
         )
+    callbacks += schedules
     # After MetricAverageCallback and before the checkpoint, which it keeps from saving a
     # diverged epoch.
     guard = divergence_guard(lambda tensor, name: hvd_tf.allgather(tensor, name=name).numpy())
@@ -470,6 +647,29 @@ def run(config: WorkerConfig) -> None:
         callbacks.append(
             tf.keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard"), profile_batch=0)
         )
+    checkpointer = None
+    if rank == 0 and train.checkpoint_every:
+
+        def position_at(epoch: int, step: int) -> step_checkpoints.Position:
+            return step_checkpoints.Position(
+                train_url=config.train_url,
+                epoch=epoch,
+                step=step,
+                seed=train.seed,
+                num_ranks=num_ranks,
+                batch_size=train.batch_size,
+                steps_per_epoch=config.steps_per_epoch,
+            )
+
+        checkpointer = step_checkpointer(
+            step_file,
+            position_at,
+            every=train.checkpoint_every,
+            steps_per_epoch=config.steps_per_epoch,
+            backward_passes_per_step=train.backward_passes_per_step,
+            guard=guard,
+        )
+        callbacks.append(checkpointer)
     timer = epoch_timer()
     meter = allreduce_meter(sent)
     # Horovod: one TensorBoard folder per rank for its input scalars.
@@ -478,15 +678,41 @@ def run(config: WorkerConfig) -> None:
     if wire is not None:
         callbacks.append(wire)
     started = time.perf_counter()
-    history = model.fit(
-        dataset,
-        steps_per_epoch=config.steps_per_epoch,
-        epochs=train.epochs,
-        initial_epoch=initial_epoch,
-        callbacks=callbacks,
-        validation_data=validation,
-        verbose=2 if rank == 0 else 0,
-    )
+    history: dict[str, list[float]] = {}
+    first_full = initial_epoch
+    if partial is not None:
+        # The rest of the interrupted epoch, as one shortened epoch whose schedule starts at
+        # the step it stopped at; then the whole epochs.
+        first_full = initial_epoch + 1
+        if checkpointer is not None:
+            checkpointer.offset = step_offset
+            # Another rank count's partial epoch is no step of this run's plan: epoch ends only.
+            checkpointer.mid_epoch = partial.sources is None
+        shortened = [shifted_batches(c, step_offset) if c in schedules else c for c in callbacks]
+        fitted = model.fit(
+            train_dataset(initial_epoch, first_full, partial),
+            steps_per_epoch=partial_steps,
+            epochs=first_full,
+            initial_epoch=initial_epoch,
+            callbacks=shortened,
+            validation_data=validation,
+            verbose=2 if rank == 0 else 0,
+        )
+        history = {k: list(v) for k, v in fitted.history.items()}
+        if checkpointer is not None:
+            checkpointer.mid_epoch = True
+    if first_full < train.epochs and guard.diverged is None:
+        fitted = model.fit(
+            train_dataset(first_full, train.epochs, None),
+            steps_per_epoch=config.steps_per_epoch,
+            epochs=train.epochs,
+            initial_epoch=first_full,
+            callbacks=callbacks,
+            validation_data=validation,
+            verbose=2 if rank == 0 else 0,
+        )
+        for k, v in fitted.history.items():
+            history.setdefault(k, []).extend(v)
     train_seconds = time.perf_counter() - started
     # Horovod: every rank's wire counters, in rank order, to rank 0 (after the last epoch's
     # counters were read: this gather is not counted in them).
@@ -519,13 +745,15 @@ def run(config: WorkerConfig) -> None:
         "backward_passes_per_step": train.backward_passes_per_step,
         "compression": train.compression,
         "resumed_after_epoch": initial_epoch,
+        # A mid-epoch resume: the epoch (from 1) and step it continued at, and how.
+        "resumed_at": resumed_at,
         "gradient_values": gradient_values,
         # Measured: bytes rank 0 handed to allreduce in each epoch (after compression).
         "allreduce_bytes_by_epoch": meter.per_epoch,
         "allreduce_bytes_per_epoch": int(np.mean(meter.per_epoch)) if meter.per_epoch else 0,
         # Computed from the model, for comparison: every gradient once per optimizer step.
         "allreduce_bytes_per_epoch_computed": round(gradient_values * value_bytes * allreduces),
-        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+        "history": {k: [float(v) for v in vs] for k, vs in history.items()},
         "epoch_seconds": timer.seconds,
         "train_seconds": train_seconds,
         "samples_per_second": samples_per_epoch * epochs_run / train_seconds,
