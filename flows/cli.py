@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
@@ -75,8 +77,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Set once the command line is parsed: with --debug the teardown after an interrupt is shown.
+_SHOW_TEARDOWN = {"debug": False}
+
+
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    _quiet_teardown()
     raise KeyboardInterrupt
+
+
+def _quiet_teardown() -> None:
+    """After Ctrl-C or SIGTERM the command stops what it started and says so in one line. What
+    the libraries log, or raise in their own threads, while they are being stopped (Dask's
+    event loop, tornado, Prefect's clients) is not the user's to act on: two such tracebacks
+    reached stderr under a CPU hog. ``--debug`` keeps them."""
+    if _SHOW_TEARDOWN["debug"]:
+        return
+    logging.disable(logging.CRITICAL)
+    sys.unraisablehook = lambda _unraisable: None
+    threading.excepthook = lambda _args: None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,14 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A Prefect flow run swaps in its own SIGTERM handler while it runs, and once it has
     # recorded the crash sends the signal again to this one (prefect.utilities.engine's
     # capture_sigterm).
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _run_command(argv)
     except KeyboardInterrupt:
         print("shardflow: interrupted", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _run_command(argv: Sequence[str] | None) -> int:
@@ -105,6 +125,7 @@ def _run_command(argv: Sequence[str] | None) -> int:
     from flows.settings import Settings
 
     args = build_parser().parse_args(argv)
+    _SHOW_TEARDOWN["debug"] = args.debug
     try:
         ctx = Context(
             settings=Settings.from_env(),
