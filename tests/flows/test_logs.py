@@ -14,12 +14,16 @@ from flows.logs import CHATTY, SHUTDOWN_DETAILS, route_library_logs
 
 @pytest.fixture
 def restored_loggers() -> Iterator[None]:
-    """Every chatty logger's handlers, filters, propagation and level as they were, afterwards."""
+    """Every chatty logger's handlers, filters, propagation and level as they were, afterwards;
+    during the test, no log file routed by an earlier test in this process (as in a fresh
+    command)."""
     names = {*CHATTY, *(name for name, _start in SHUTDOWN_DETAILS)}
     saved = [
         (logger, list(logger.handlers), list(logger.filters), logger.propagate, logger.level)
         for logger in map(logging.getLogger, sorted(names))
     ]
+    for logger, handlers, *_rest in saved:
+        logger.handlers = [h for h in handlers if h.get_name() != "shardflow-log-file"]
     try:
         yield
     finally:
