@@ -260,8 +260,14 @@ class Runner:
 
         expected = self._check_code_version()
         results: list[Result | None] = [None] * len(tasks)
-        pending = iter(enumerate(tasks))
-        in_flight = as_completed()
+        # Largest first (by planned bytes, then rows): the last tasks to start are the
+        # shortest, so that the workers finish together instead of one waiting on a big tail.
+        pending = iter(
+            sorted(enumerate(tasks), key=lambda item: (-item[1].bytes, -item[1].rows, item[0]))
+        )
+        # With results: each result is fetched from its worker as its task finishes, in the
+        # client's event loop, instead of one round trip per task after this loop hears of it.
+        in_flight = as_completed(with_results=True)
         index_of: dict[str, int] = {}
 
         def submit_next() -> bool:
@@ -280,9 +286,10 @@ class Runner:
             if not submit_next():
                 break
         try:
-            for future in in_flight:
+            for future, result in in_flight:
                 index = index_of.pop(future.key)
-                result = future.result()
+                if future.status != "finished":
+                    future.result()  # raises as the task ended: cancelled, lost, ...
                 results[index] = result
                 on_done(index, result)
                 # Refill to the window as it is now: workers may have joined or left.
