@@ -9,9 +9,14 @@ steps take, and from both whether the rank waits on its input.
       bytes the reader handed over                buffer when it is empty)
                   │                                          │
                   └──────────► EpochInput per epoch ◄────────┘
-                                         │ after fit: allgather to rank 0
-                                         ▼
-                               metrics.json "input_by_rank", summarize() → flags
+                       and RollingWindow: the last ROLLING_STEPS steps
+                                         │
+             each epoch's end ───────────┴─────────── after fit
+             allgather to rank 0                      allgather to rank 0
+                    ▼                                        ▼
+             EpochLog: input-epochs.json              metrics.json "input_by_rank",
+             (the caller reads it while               summarize() → flags
+             training runs)
 
 What "input-bound" means here: the share of a rank's step time its input needed to produce
 the batches, ``min(1, input seconds / step seconds)`` over an epoch (and over the run). The
@@ -22,16 +27,23 @@ rank's, so step time does not tell ranks apart; the input's own seconds per batc
 slowest rank is the one with the most (its step imbalance, slowest/fastest mean step time, is
 reported too and stays near 1 in synchronous training).
 
-Nothing here adds work to a step but two clock readings; the ranks' records travel once, after
+Nothing here adds work to a step but two clock readings and two appends to bounded deques; the
+ranks' records travel once per epoch (a small gather, for the per-epoch file) and once after
 training.
 """
 
 from __future__ import annotations
 
+import heapq
+import json
+import os
+import re
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 INPUT_DELAY_ENV = "SHARDFLOW_TEST_INPUT_DELAY"
@@ -40,9 +52,33 @@ every batch it hands over, to slow one rank on purpose. Not for real runs."""
 
 INPUT_BOUND_THRESHOLD = 0.5
 """A rank is flagged input-bound when its input needed more than this share of its step time."""
+SLOWEST_IMBALANCE = 1.5
+"""A rank is flagged slowest only when its input seconds per batch are at least this many
+times the fastest rank's: some rank always has the most, and ranks reading the same amount of
+data differ by 10-30 % on a busy machine (1.26 was seen in a normal 2-rank run)."""
+SLOWEST_MIN_INPUT_BOUND = 0.25
+"""...and only when that input takes at least this share of the rank's step time: below a
+quarter, the prefetch buffer hides the input four times over and which rank is slowest does
+not matter yet."""
 STALL_FACTOR = 10.0
-"""A rank is flagged stalled when one of its steps took more than this many times the median
-step of all ranks (the first step of a run, which traces the model, is left out)."""
+"""A step "stalled" when it took more than this many times the median step of all ranks (the
+first step of a run, which traces the model, is left out)."""
+STALL_STEPS = 3
+"""A rank is flagged stalled when at least this many of its steps stalled: one long step is a
+hiccup of a busy machine (0.52 s against a 0.046 s median was seen in a normal run)..."""
+STALL_SECONDS = 5.0
+"""...or when one stalled step also lasted at least this many seconds: a wait no hiccup
+explains (a lost file system, a swapping host)."""
+LONGEST_STEPS_KEPT = 10
+"""How many of its longest steps each rank keeps for :func:`summarize` (at least
+:data:`STALL_STEPS`)."""
+ROLLING_STEPS = 50
+"""The rolling window: each rank's last this many steps (across epoch ends)."""
+EPOCHS_FILE = "input-epochs.json"
+"""In the run folder: every finished epoch's input figures of every rank, written by rank 0."""
+EPOCHS_FORMAT_VERSION = 1
+EPOCH_LINE = "input metrics of epoch"
+"""Rank 0 prints ``<EPOCH_LINE> N: <path of EPOCHS_FILE>`` once the file holds epoch N."""
 
 
 def input_delay(rank: int, environ: Mapping[str, str]) -> float:
@@ -139,6 +175,48 @@ def metered(
 
 
 @dataclass(kw_only=True)
+class RollingFigures:
+    """A rank's last ``steps`` steps (at most ``window``), as of the end of an epoch."""
+
+    window: int
+    steps: int
+    mean_step_seconds: float
+    batches_per_second: float
+    rows_per_second: float
+    input_bound: float
+    """``min(1, input seconds / step seconds)`` over the window's steps."""
+
+
+class RollingWindow:
+    """The durations of a rank's last ``size`` timed steps and the input time made during each:
+    two bounded deques of floats, nothing else per step."""
+
+    def __init__(self, size: int = ROLLING_STEPS) -> None:
+        if size < 1:
+            raise ValueError(f"a rolling window holds at least 1 step, not {size}")
+        self.size = size
+        self.step_seconds: deque[float] = deque(maxlen=size)
+        self.input_seconds: deque[float] = deque(maxlen=size)
+
+    def add(self, step_seconds: float, input_seconds: float) -> None:
+        self.step_seconds.append(step_seconds)
+        self.input_seconds.append(input_seconds)
+
+    def figures(self, rows_per_batch: float) -> RollingFigures:
+        """The window now; ``rows_per_batch`` turns steps into rows."""
+        steps = len(self.step_seconds)
+        total = sum(self.step_seconds)
+        return RollingFigures(
+            window=self.size,
+            steps=steps,
+            mean_step_seconds=total / steps if steps else 0.0,
+            batches_per_second=steps / total if total > 0 else 0.0,
+            rows_per_second=steps * rows_per_batch / total if total > 0 else 0.0,
+            input_bound=min(1.0, sum(self.input_seconds) / total) if total > 0 else 0.0,
+        )
+
+
+@dataclass(kw_only=True)
 class EpochSteps:
     """One rank's steps in one epoch, with what its input did for them."""
 
@@ -150,6 +228,8 @@ class EpochSteps:
     """Of the timed steps."""
     median_step_seconds: float
     max_step_seconds: float
+    longest_step_seconds: list[float]
+    """The epoch's longest timed steps, longest first (at most :data:`LONGEST_STEPS_KEPT`)."""
     input_seconds: float
     """All the epoch's input time (its batches' production)."""
     timed_input_seconds: float
@@ -159,10 +239,17 @@ class EpochSteps:
     row_groups_read: int
     bytes_read: int
     input_bound: float
+    rolling: RollingFigures | None = None
+    """The rank's rolling window as of this epoch's end."""
 
 
 def epoch_steps(
-    epoch: int, durations: list[float], record: EpochInput, *, first_step_input: float | None
+    epoch: int,
+    durations: list[float],
+    record: EpochInput,
+    *,
+    first_step_input: float | None,
+    rolling: RollingFigures | None = None,
 ) -> EpochSteps:
     """Summarise one epoch's step ``durations`` with its input ``record``.
 
@@ -181,6 +268,7 @@ def epoch_steps(
         step_seconds=total,
         median_step_seconds=statistics.median(counted) if counted else 0.0,
         max_step_seconds=max(counted, default=0.0),
+        longest_step_seconds=heapq.nlargest(LONGEST_STEPS_KEPT, counted),
         input_seconds=record.seconds,
         timed_input_seconds=timed_input,
         batches=record.batches,
@@ -188,6 +276,7 @@ def epoch_steps(
         row_groups_read=record.row_groups_read,
         bytes_read=record.bytes_read,
         input_bound=min(1.0, timed_input / total) if total > 0 else 0.0,
+        rolling=rolling,
     )
 
 
@@ -208,6 +297,9 @@ def rank_report(rank: int, epochs: list[EpochSteps], first_step_seconds: float) 
         "mean_step_seconds": step_seconds / timed_steps if timed_steps else 0.0,
         "median_step_seconds": statistics.median(medians) if medians else 0.0,
         "max_step_seconds": max((e.max_step_seconds for e in epochs), default=0.0),
+        "longest_step_seconds": heapq.nlargest(
+            LONGEST_STEPS_KEPT, (s for e in epochs for s in e.longest_step_seconds)
+        ),
         "first_step_seconds": first_step_seconds,
         "input_seconds": input_seconds,
         "input_seconds_per_batch": input_seconds / batches if batches else 0.0,
@@ -217,6 +309,8 @@ def rank_report(rank: int, epochs: list[EpochSteps], first_step_seconds: float) 
         "input_rows_per_second": rows / input_seconds if input_seconds > 0 else 0.0,
         "bytes_read": sum(e.bytes_read for e in epochs),
         "row_groups_read": sum(e.row_groups_read for e in epochs),
+        # The window as of the last epoch's end; each epoch's is in "epochs".
+        "rolling": asdict(epochs[-1].rolling) if epochs and epochs[-1].rolling else None,
         "epochs": [asdict(e) for e in epochs],
     }
 
@@ -225,44 +319,167 @@ def summarize(
     input_by_rank: list[dict[str, Any]],
     *,
     input_bound_threshold: float = INPUT_BOUND_THRESHOLD,
+    slowest_imbalance: float = SLOWEST_IMBALANCE,
+    slowest_min_input_bound: float = SLOWEST_MIN_INPUT_BOUND,
     stall_factor: float = STALL_FACTOR,
+    stall_steps: int = STALL_STEPS,
+    stall_seconds: float = STALL_SECONDS,
 ) -> dict[str, Any]:
     """Across ranks: the slowest rank (most input seconds per batch), imbalances, and each
-    rank's flags ("input-bound", "stalled", "slowest")."""
+    rank's flags.
+
+    - "input-bound": its input needed more than ``input_bound_threshold`` of its step time.
+    - "slowest": the slowest rank, when there are several, its input seconds per batch are at
+      least ``slowest_imbalance`` times the fastest rank's, and it is at least
+      ``slowest_min_input_bound`` input-bound (see :data:`SLOWEST_IMBALANCE`).
+    - "stalled": at least ``stall_steps`` of its steps took over ``stall_factor`` times the
+      median step of all ranks, or one of them also lasted ``stall_seconds`` or more (see
+      :data:`STALL_STEPS`). Ranks count from the longest steps they kept
+      (:data:`LONGEST_STEPS_KEPT`); older records that kept only their longest count that one.
+    """
     if not input_by_rank:
         return {"ranks": [], "flags": {}}
+    assert stall_steps <= LONGEST_STEPS_KEPT  # ranks keep no more long steps than that
 
     def ratio(values: list[float]) -> float | None:
         return max(values) / min(values) if values and min(values) > 0 else None
 
     medians = [r["median_step_seconds"] for r in input_by_rank if r["median_step_seconds"] > 0]
     median_step = statistics.median(medians) if medians else 0.0
-    slowest = max(input_by_rank, key=lambda r: r["input_seconds_per_batch"])["rank"]
+    slowest = max(input_by_rank, key=lambda r: r["input_seconds_per_batch"])
+    fastest_per_batch = min(r["input_seconds_per_batch"] for r in input_by_rank)
+    slowest_per_batch = slowest["input_seconds_per_batch"]
+    slowest_flagged = (
+        len(input_by_rank) > 1
+        and slowest_per_batch > 0
+        # Fastest at 0 s a batch (all its input made during the first step): any is a lot more.
+        and slowest_per_batch >= slowest_imbalance * fastest_per_batch
+        and slowest["input_bound"] >= slowest_min_input_bound
+    )
     flags: dict[str, list[str]] = {}
+    stalled_steps: dict[str, int] = {}
     for r in input_by_rank:
         mine = []
         if r["input_bound"] > input_bound_threshold:
             mine.append("input-bound")
-        if median_step > 0 and r["max_step_seconds"] > stall_factor * median_step:
+        longest = r.get("longest_step_seconds", [r["max_step_seconds"]])
+        stalls = [s for s in longest if s > stall_factor * median_step] if median_step > 0 else []
+        stalled_steps[str(r["rank"])] = len(stalls)
+        if len(stalls) >= stall_steps or any(s >= stall_seconds for s in stalls):
             mine.append("stalled")
-        if r["rank"] == slowest and len(input_by_rank) > 1:
+        if slowest_flagged and r["rank"] == slowest["rank"]:
             mine.append("slowest")
         flags[str(r["rank"])] = mine
     return {
-        "slowest_rank": slowest,
+        "slowest_rank": slowest["rank"],
+        "slowest_flagged": slowest_flagged,
         "step_imbalance": ratio([r["mean_step_seconds"] for r in input_by_rank]),
         "input_imbalance": ratio([r["input_seconds_per_batch"] for r in input_by_rank]),
         "median_step_seconds": median_step,
         "input_bound_threshold": input_bound_threshold,
+        "slowest_imbalance": slowest_imbalance,
+        "slowest_min_input_bound": slowest_min_input_bound,
         "stall_factor": stall_factor,
+        "stall_steps": stall_steps,
+        "stall_seconds": stall_seconds,
+        # Counted among the longest steps each rank kept (at most LONGEST_STEPS_KEPT).
+        "stalled_steps": stalled_steps,
         "flags": flags,
     }
 
 
-def step_meter(meter: InputMeter, rank: int, log_dir: str | None = None) -> Any:
+class EpochLog:
+    """:data:`EPOCHS_FILE`: every finished epoch's per-rank records (:func:`rank_report` of
+    that epoch alone) and their :func:`summarize`, rewritten whole after each epoch (a temporary
+    file, then ``os.replace``: a reader sees the previous epochs or the new ones, never half)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.epochs: list[dict[str, Any]] = []
+
+    def add(self, epoch: int, input_by_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """Epoch ``epoch`` (from 0) of every rank, in rank order; returns its entry."""
+        entry = {
+            "epoch": epoch,
+            "input_by_rank": input_by_rank,
+            "input_summary": summarize(input_by_rank),
+        }
+        self.epochs.append(entry)
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        temporary.write_text(
+            json.dumps({"format_version": EPOCHS_FORMAT_VERSION, "epochs": self.epochs})
+        )
+        os.replace(temporary, self.path)
+        return entry
+
+
+def read_epoch_log(path: Path) -> list[dict[str, Any]]:
+    """The epochs :class:`EpochLog` wrote to ``path``, oldest first; ValueError for another
+    format version."""
+    document = json.loads(path.read_text())
+    if document.get("format_version") != EPOCHS_FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: format_version {document.get('format_version')!r}, "
+            f"expected {EPOCHS_FORMAT_VERSION}"
+        )
+    return list(document["epochs"])
+
+
+def epoch_line(epoch: int, path: Path) -> str:
+    """What rank 0 prints once ``path`` holds epoch ``epoch`` (from 0)."""
+    return f"{EPOCH_LINE} {epoch + 1}: {path}"
+
+
+_EPOCH_LINE = re.compile(re.escape(EPOCH_LINE) + r" \d+: (?P<path>\S.*\S|\S)\s*$")
+
+
+def epoch_log_path(line: str) -> Path | None:
+    """The path in an :func:`epoch_line` (horovodrun's rank prefix allowed before it); None
+    for any other line."""
+    found = _EPOCH_LINE.search(line)
+    return Path(found["path"]) if found else None
+
+
+def epoch_table(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per rank of an :class:`EpochLog` entry: the epoch's figures, the rolling
+    window's and the flags."""
+    flags = entry["input_summary"]["flags"]
+    rows = []
+    for r in entry["input_by_rank"]:
+        rolling = r.get("rolling") or {}
+        rows.append(
+            {
+                "epoch": entry["epoch"] + 1,
+                "rank": r["rank"],
+                "rows/s": round(r["rows_per_second"]),
+                "batches/s": round(r["batches_per_second"], 1),
+                "input-bound %": round(100 * r["input_bound"], 1),
+                "mean step ms": round(1000 * r["mean_step_seconds"], 2),
+                "input ms/batch": round(1000 * r["input_seconds_per_batch"], 2),
+                "window rows/s": round(rolling.get("rows_per_second", 0.0)),
+                "window input-bound %": round(100 * rolling.get("input_bound", 0.0), 1),
+                "window mean step ms": round(1000 * rolling.get("mean_step_seconds", 0.0), 2),
+                "MB read": round(r["bytes_read"] / 1e6, 1),
+                "row groups read": r["row_groups_read"],
+                "flags": ", ".join(flags.get(str(r["rank"]), [])),
+            }
+        )
+    return rows
+
+
+def step_meter(
+    meter: InputMeter,
+    rank: int,
+    log_dir: str | None = None,
+    *,
+    window: int = ROLLING_STEPS,
+    on_epoch: Callable[[int, dict[str, Any]], None] | None = None,
+) -> Any:
     """A Keras callback timing every training step of this rank and, at each epoch's end,
-    joining the steps with ``meter``'s record of the epoch (``.epochs``, ``.report()``);
-    with ``log_dir``, the epoch's input scalars go to TensorBoard there."""
+    joining the steps with ``meter``'s record of the epoch (``.epochs``, ``.report()``), with
+    the rolling figures of the last ``window`` steps; with ``log_dir``, the epoch's input
+    scalars go to TensorBoard there; with ``on_epoch``, it is called with the epoch (from 0)
+    and this rank's :func:`rank_report` of that epoch alone."""
     import tensorflow as tf
 
     class StepMeter(tf.keras.callbacks.Callback):  # type: ignore[misc]
@@ -277,29 +494,47 @@ def step_meter(meter: InputMeter, rank: int, log_dir: str | None = None) -> Any:
             self._epoch = 0
             self._durations: list[float] = []
             self._started = 0.0
+            self.window = RollingWindow(window)
+            self._record = meter.epoch(0)
+            self._input_before = 0.0
             self._writer = tf.summary.create_file_writer(log_dir) if log_dir else None
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self._epoch = epoch
             self._durations = []
+            self._record = meter.epoch(epoch)
+            # Input made for this epoch before its first step (prefetched) goes to that step.
+            self._input_before = 0.0
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             self._started = time.perf_counter()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            self._durations.append(time.perf_counter() - self._started)
+            duration = time.perf_counter() - self._started
+            self._durations.append(duration)
+            # The input made while this step ran (the tf.data thread adds to it meanwhile).
+            input_now = self._record.seconds
+            made, self._input_before = input_now - self._input_before, input_now
             if not self.epochs and len(self._durations) == 1:
-                self.first_step_seconds = self._durations[0]
-                self._first_step_input = meter.epoch(self._epoch).seconds
+                self.first_step_seconds = duration
+                self._first_step_input = input_now
+            else:
+                self.window.add(duration, made)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            record = meter.epoch(epoch)
             summary = epoch_steps(
                 epoch,
                 self._durations,
-                meter.epoch(epoch),
+                record,
                 first_step_input=self._first_step_input if not self.epochs else None,
+                rolling=self.window.figures(
+                    record.rows / record.batches if record.batches else 0.0
+                ),
             )
             self.epochs.append(summary)
+            if on_epoch is not None:
+                on_epoch(epoch, rank_report(rank, [summary], self.first_step_seconds))
             if self._writer is not None:
                 with self._writer.as_default(step=epoch + 1):
                     tf.summary.scalar("input/input_bound", summary.input_bound)

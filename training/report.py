@@ -5,8 +5,10 @@
                                 └► raw manifest (files, rows, bytes)
                                         │
                                         ▼
-                              render_html(): tables, flags, a PNG bar chart per rank
-                              (base64, inline) ─► report.html
+                              render_html(): tables, flags (summarize() again, with
+                              today's thresholds), each epoch's and rolling window's
+                              figures, a PNG bar chart per rank (base64, inline)
+                                        ─► report.html
 
 Everything comes from the catalog's manifests: the report of any committed version can be
 written again, wherever its run folder went.
@@ -164,7 +166,9 @@ def _ranks_section(model: Manifest, chart: bytes | None) -> str:
     input_by_rank = metrics.get("input_by_rank")
     if not input_by_rank:
         return "<h2>Ranks</h2><p>no per-rank input metrics were recorded for this version</p>"
-    summary = metrics.get("input_summary") or summarize(input_by_rank)
+    # The flags again from the records: a version trained before a threshold changed shows
+    # today's judgement (the records, not the flags, are what was measured).
+    summary = summarize(input_by_rank)
     flags = summary["flags"]
     rows = []
     for r in input_by_rank:
@@ -195,12 +199,18 @@ def _ranks_section(model: Manifest, chart: bytes | None) -> str:
     )
     return (
         "<h2>Ranks</h2>"
-        f"<p>slowest rank: <b>{summary['slowest_rank']}</b>; input imbalance "
+        f"<p>slowest rank: <b>{summary['slowest_rank']}</b>"
+        + ("" if summary["slowest_flagged"] else " (not flagged)")
+        + f"; input imbalance "
         f"(slowest/fastest input time per batch) {ratio(summary['input_imbalance'])}; step "
         f"imbalance (slowest/fastest mean step) {ratio(summary['step_imbalance'])}; a rank is "
-        f"input-bound above {100 * summary['input_bound_threshold']:.0f}% and stalled when a "
-        f"step took over {summary['stall_factor']:g} times the median step "
-        f"({1000 * summary['median_step_seconds']:.1f} ms)</p>"
+        f"input-bound above {100 * summary['input_bound_threshold']:.0f}%, slowest when its "
+        f"input time per batch is at least {summary['slowest_imbalance']:g} times the fastest "
+        f"rank's and it is at least {100 * summary['slowest_min_input_bound']:.0f}% "
+        f"input-bound, stalled when {summary['stall_steps']} of its steps took over "
+        f"{summary['stall_factor']:g} times the median step "
+        f"({1000 * summary['median_step_seconds']:.1f} ms) or one of them "
+        f"{summary['stall_seconds']:g} s or more</p>"
         + _table(
             [
                 "rank",
@@ -218,6 +228,51 @@ def _ranks_section(model: Manifest, chart: bytes | None) -> str:
             rows,
         )
         + picture
+        + _epochs_table(input_by_rank)
+    )
+
+
+def _epochs_table(input_by_rank: Sequence[dict[str, Any]]) -> str:
+    """Each epoch of each rank, with its rolling window as of the epoch's end."""
+    rows = []
+    window = None
+    for r in input_by_rank:
+        for e in r.get("epochs", []):
+            rolling = e.get("rolling")
+            window = window or (rolling or {}).get("window")
+            step_seconds = e["step_seconds"]
+            rows.append(
+                [
+                    e["epoch"] + 1,
+                    r["rank"],
+                    f"{e['rows'] / step_seconds:,.0f}" if step_seconds > 0 else "n/a",
+                    f"{100 * e['input_bound']:.0f}%",
+                    f"{1000 * step_seconds / e['timed_steps']:.1f}" if e["timed_steps"] else "n/a",
+                    f"{rolling['rows_per_second']:,.0f}" if rolling else "n/a",
+                    f"{100 * rolling['input_bound']:.0f}%" if rolling else "n/a",
+                    f"{1000 * rolling['mean_step_seconds']:.1f}" if rolling else "n/a",
+                ]
+            )
+    if not rows:
+        return ""
+    rows.sort(key=lambda row: (row[0], row[1]))
+    return (
+        "<h2>Epochs</h2>"
+        f"<p>each rank's epochs, and its rolling window (its last {window or 'n/a'} steps) as "
+        "of each epoch's end</p>"
+        + _table(
+            [
+                "epoch",
+                "rank",
+                "rows/s",
+                "input-bound",
+                "mean step ms",
+                "window rows/s",
+                "window input-bound",
+                "window mean step ms",
+            ],
+            rows,
+        )
     )
 
 

@@ -473,7 +473,15 @@ def run(config: WorkerConfig) -> None:
         load_split,
         make_train_dataset,
     )
-    from training.input_metrics import InputMeter, input_delay, step_meter, summarize
+    from training.input_metrics import (
+        EPOCHS_FILE,
+        EpochLog,
+        InputMeter,
+        epoch_line,
+        input_delay,
+        step_meter,
+        summarize,
+    )
 
     # petastorm 0.13.1 reads through pyarrow's legacy ParquetDataset, which warns on every
     # call; pyarrow stays at 14 for it (docs/STACK.md).
@@ -672,8 +680,23 @@ def run(config: WorkerConfig) -> None:
         callbacks.append(checkpointer)
     timer = epoch_timer()
     meter = allreduce_meter(sent)
+    epoch_log = EpochLog(run_dir / EPOCHS_FILE)
+
+    def publish_epoch(epoch: int, record: dict[str, Any]) -> None:
+        # Horovod: every rank's figures of this epoch to rank 0, which rewrites the per-epoch
+        # file and says so (the launcher's caller reads it while training goes on).
+        gathered = hvd_tf.allgather_object(record, name="input_epoch")
+        if rank == 0:
+            epoch_log.add(epoch, gathered)
+            print(epoch_line(epoch, epoch_log.path), flush=True)
+
     # Horovod: one TensorBoard folder per rank for its input scalars.
-    step_times = step_meter(input_meter, rank, str(run_dir / "tensorboard" / f"rank-{rank}"))
+    step_times = step_meter(
+        input_meter,
+        rank,
+        str(run_dir / "tensorboard" / f"rank-{rank}"),
+        on_epoch=publish_epoch,
+    )
     callbacks += [timer, meter, step_times]
     if wire is not None:
         callbacks.append(wire)
@@ -788,12 +811,25 @@ def run(config: WorkerConfig) -> None:
 
 
 def describe_input(input_by_rank: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
-    """One line per rank: its input-bound share, step time, input time per batch, flags."""
+    """One line per rank: its input-bound share, step time, input time per batch, rows/s,
+    the same over its last steps (the rolling window), flags."""
+
+    def window(r: dict[str, Any]) -> str:
+        rolling = r.get("rolling")
+        if not rolling:
+            return ""
+        return (
+            f"; last {rolling['steps']} steps: input-bound {100 * rolling['input_bound']:.0f}%, "
+            f"step {1000 * rolling['mean_step_seconds']:.1f} ms, "
+            f"{rolling['rows_per_second']:.0f} rows/s"
+        )
+
     return [
         f"rank {r['rank']}: input-bound {100 * r['input_bound']:.0f}%, "
         f"step {1000 * r['mean_step_seconds']:.1f} ms, "
         f"input {1000 * r['input_seconds_per_batch']:.1f} ms/batch, "
         f"{r['rows_per_second']:.0f} rows/s"
+        + window(r)
         + (
             f" [{', '.join(summary['flags'][str(r['rank'])])}]"
             if summary["flags"].get(str(r["rank"]))

@@ -19,7 +19,8 @@ def cmd_report(ctx: Context, args: argparse.Namespace) -> int:
     path = write_report(catalog, name, version or None, Path(args.out) if args.out else None)
     model = gather(catalog, name, version or None).model
     input_by_rank = model.statistics.get("input_by_rank") or []
-    summary = model.statistics.get("input_summary") or summarize(input_by_rank)
+    # As the page: today's flags from the recorded figures.
+    summary = summarize(input_by_rank)
     ctx.emit(
         {
             "model": model.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -43,7 +44,16 @@ def test_a_slowed_rank_is_flagged_in_the_metrics_and_the_report(
     summary = result["input_summary"]
     assert summary["slowest_rank"] == 1
     assert "input-bound" in summary["flags"]["1"]
+    assert "slowest" in summary["flags"]["1"]
     assert summary["flags"]["0"] == []
+    for r in by_rank:
+        # The rolling window: the last steps of the epoch (the first, tracing, left out).
+        assert 0 < r["rolling"]["steps"] <= r["rolling"]["window"]
+        assert r["rolling"]["rows_per_second"] > 0
+    # Written by rank 0 at the epoch's end, while training ran.
+    epochs = json.loads((Path(result["run_dir"]) / "input-epochs.json").read_text())["epochs"]
+    assert [e["epoch"] for e in epochs] == [0]
+    assert "slowest" in epochs[0]["input_summary"]["flags"]["1"]
 
     report = shardflow("report", "fashion-mnist-cnn", "--json")
     assert report.returncode == 0, report.stderr[-2000:]
@@ -53,7 +63,9 @@ def test_a_slowed_rank_is_flagged_in_the_metrics_and_the_report(
     assert f"fashion-mnist-cnn@{result['version']}" in text
     assert result["dataset_version"] in text  # linked back to the processed version
     assert text.count('<span class="flag">input-bound</span>') == 1
-    assert "slowest rank: <b>1</b>" in text
+    assert "slowest rank: <b>1</b>;" in text  # and flagged
+    assert text.count('<span class="flag">slowest</span>') == 1
+    assert "<h2>Epochs</h2>" in text and "window rows/s" in text
     assert "data:image/png;base64," in text
 
     shot = tmp_path / "input-view.png"

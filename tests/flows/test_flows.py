@@ -3,9 +3,11 @@ parameter, its task runs and artifacts; the registry's default model."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from distributed import LocalCluster
@@ -93,3 +95,81 @@ def test_the_registry_chooses_the_model() -> None:
     assert with_default_model("sdss", TrainConfig()).model == "dnn"
     assert with_default_model("fashion-mnist", TrainConfig()).model == "cnn"
     assert with_default_model("sdss", TrainConfig(model="dnn", epochs=2)).epochs == 2
+
+
+def slowed_ranks() -> list[dict[str, Any]]:
+    """Two ranks' records of one epoch: rank 1's input slowed."""
+    from tests.training.test_input_metrics import rank
+
+    return [
+        rank(0, input_per_batch=0.002, step=0.1, longest=0.1),
+        rank(1, input_per_batch=0.2, step=0.1, longest=0.1),
+    ]
+
+
+def test_the_train_stage_hands_on_each_epoch_once_as_rank_0_says_it_is_written(
+    tmp_path: Path,
+) -> None:
+    from flows.stages import EpochWatch
+    from training.input_metrics import EPOCHS_FILE, EpochLog, epoch_line
+
+    log = EpochLog(tmp_path / EPOCHS_FILE)
+    lines: list[str] = []
+    entries: list[dict[str, Any]] = []
+    watch = EpochWatch(lines.append, entries.append)
+    watch("[0]<stdout>:Epoch 1/2")
+    log.add(0, slowed_ranks())
+    watch("[0]<stdout>:" + epoch_line(0, log.path))
+    assert [e["epoch"] for e in entries] == [0]
+    log.add(1, slowed_ranks())
+    watch("[0]<stdout>:" + epoch_line(1, log.path))
+    watch("[0]<stdout>:" + epoch_line(1, log.path))  # said twice: handed on once
+    assert [e["epoch"] for e in entries] == [0, 1]
+    assert entries[1]["input_summary"]["flags"]["1"] == ["input-bound", "slowest"]
+    assert len(lines) == 4  # every line passed on
+    # A file it cannot read (another host's disk) is said, and training goes on.
+    watch(epoch_line(2, tmp_path / "elsewhere" / EPOCHS_FILE))
+    assert lines[-1].startswith("input view: cannot read")
+    assert len(entries) == 2
+
+
+def test_the_train_stage_publishes_a_version_of_the_input_table_per_epoch(
+    harness: str, tmp_path: Path
+) -> None:
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.stages import EpochWatch, prefect_epoch_table
+    from training.input_metrics import EPOCHS_FILE, EpochLog, epoch_line
+
+    assert prefect_epoch_table("unit-dnn", print) is None  # outside a Prefect run
+
+    @flow(name="input-by-epoch")
+    def epochs() -> None:
+        publish = prefect_epoch_table("unit-dnn", print)
+        assert publish is not None
+        watch = EpochWatch(lambda _line: None, publish)
+        log = EpochLog(tmp_path / EPOCHS_FILE)
+        for epoch in range(3):
+            log.add(epoch, slowed_ranks())
+            watch("[0]<stdout>:" + epoch_line(epoch, log.path))
+
+    state = epochs(return_state=True)
+    assert state.is_completed(), state.message
+    with get_client(sync_client=True) as client:
+        versions = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["unit-dnn-input-by-epoch"]))
+        )
+    assert len(versions) == 3
+    assert all(v.flow_run_id == state.state_details.flow_run_id for v in versions)
+    tables = sorted(
+        (json.loads(v.data) if isinstance(v.data, str) else v.data for v in versions),
+        key=lambda table: table[0]["epoch"],
+    )
+    assert [[(row["epoch"], row["rank"]) for row in t] for t in tables] == [
+        [(1, 0), (1, 1)],
+        [(2, 0), (2, 1)],
+        [(3, 0), (3, 1)],
+    ]
+    assert tables[-1][1]["flags"] == "input-bound, slowest"
