@@ -833,6 +833,13 @@ class Staging:
         self._catalog = catalog
         # Held for the staging's whole life so `gc` in another process can tell it is live.
         self._lock_fd: int | None = lock_fd
+        self._run: dict[str, Any] = {}
+
+    def note_run(self, **facts: Any) -> None:
+        """Facts about the run that made this version (wall seconds, bytes read, tasks), kept
+        in the manifest's ``extra["run"]``: they describe this commit, not the data, so they are
+        not part of the version."""
+        self._run.update(facts)
 
     def __repr__(self) -> str:
         return f"Staging({self.name!r}, kind={self.kind!r}, path={str(self.path)!r})"
@@ -916,7 +923,7 @@ class Staging:
             statistics=_plain(statistics, "statistics"),
             rows=int(rows),
             files=files,
-            extra=_plain(extra, "extra"),
+            extra=_plain({**extra, "run": self._run} if self._run else extra, "extra"),
         )
         return self._catalog._publish(self, manifest)
 

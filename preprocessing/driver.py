@@ -422,7 +422,27 @@ def run_job(
                 else stage.path.with_name(stage.path.name + ".work")
             )
             try:
-                done = run_passes(job, tasks_runner, work, on_progress=report)
+                started = time.monotonic()
+                tallies: dict[str, PassProgress] = {}
+
+                def tally(state: PassProgress) -> None:
+                    tallies[state.pass_name] = state
+                    report(state)
+
+                done = run_passes(job, tasks_runner, work, on_progress=tally)
+                stage.note_run(
+                    seconds=round(time.monotonic() - started, 3),
+                    passes={
+                        name: {
+                            "tasks": state.tasks_total,
+                            "reused": state.reused,
+                            "rows": state.rows_done,
+                            "input_bytes": state.bytes_done,
+                            "seconds": round(state.seconds, 3),
+                        }
+                        for name, state in tallies.items()
+                    },
+                )
                 usage = getattr(tasks_runner, "usage", None)
                 if on_usage is not None and usage is not None:
                     on_usage({**usage(), "driver": _process_usage()})

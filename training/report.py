@@ -115,20 +115,46 @@ def _ref(manifest: Manifest) -> str:
 def _raw_section(raw: Manifest | None) -> str:
     if raw is None:
         return "<h2>Ingest</h2><p>the raw version is not in the catalog</p>"
-    stats = raw.statistics
     total_bytes = sum(f.bytes for f in raw.files)
-    seconds = stats.get("seconds") or stats.get("ingest_seconds")
-    rate = f"{total_bytes / 1e6 / seconds:.1f}" if seconds else "not recorded"
+    run = _run_facts(raw)
+    read = max((int(p.get("input_bytes", 0)) for p in run.get("passes", {}).values()), default=0)
+    seconds = float(run.get("seconds") or 0)
+    # Sources whose sizes are known only once fetched (downloads): the bytes it stored.
+    read, what = (read, "read") if read else (total_bytes, "stored")
+    rate = (
+        f"{read / 1e6 / seconds:.1f} ({what} {read / 1e6:,.1f} MB in {seconds:.1f} s)"
+        if seconds
+        else "not recorded (ingested before runs were recorded)"
+    )
     rows: list[list[Any]] = [
         ["version", _ref(raw)],
         ["files", len(raw.files)],
         ["rows", f"{raw.rows:,}"],
         ["MB", f"{total_bytes / 1e6:.1f}"],
         ["MB/s", rate],
+        ["tasks", _tasks(run)],
         ["created", html.escape(str(raw.created))],
         ["sources", "<br>".join(html.escape(str(s.get("uri", s))) for s in raw.sources)],
     ]
     return "<h2>Ingest</h2>" + _facts(rows)
+
+
+def _run_facts(manifest: Manifest) -> dict[str, Any]:
+    """What the driver noted about the run that committed ``manifest`` (wall seconds, tasks
+    per pass), or {} for versions committed before it did."""
+    run = manifest.extra.get("run")
+    return run if isinstance(run, dict) else {}
+
+
+def _tasks(run: dict[str, Any]) -> str:
+    passes = run.get("passes", {})
+    if not passes:
+        return "not recorded"
+    return "; ".join(
+        f"{name}: {int(p['tasks'])} in {float(p['seconds']):.1f} s"
+        + (f" ({int(p['reused'])} reused from an interrupted run)" if p.get("reused") else "")
+        for name, p in passes.items()
+    )
 
 
 def _processed_section(processed: Manifest | None) -> str:
@@ -144,6 +170,7 @@ def _processed_section(processed: Manifest | None) -> str:
         ["rows in", f"{stats['rows_in']:,}" if "rows_in" in stats else "not recorded"],
         ["quarantined rows", f"{quarantine['rows']:,}" if "rows" in quarantine else "0"],
         ["format", html.escape(str(processed.schema.get("format", "parquet")))],
+        ["tasks", _tasks(_run_facts(processed))],
     ]
     rows += [
         [

@@ -93,6 +93,19 @@ def test_same_identity_gives_the_same_version_and_writes_nothing(catalog: Catalo
     assert len(catalog.versions("ds")) == 1
 
 
+def test_run_notes_are_kept_beside_the_data_and_do_not_change_the_version(
+    catalog: Catalog,
+) -> None:
+    with catalog.stage("noted", kind="raw") as stage:
+        (stage.path / "a.txt").write_bytes(b"alpha\n")
+        stage.note_run(seconds=1.5, passes={"convert": {"tasks": 1}})
+        noted = stage.commit(rows=1, code_version=CODE)
+    assert noted.extra == {"run": {"seconds": 1.5, "passes": {"convert": {"tasks": 1}}}}
+    assert catalog.get("noted", noted.version).extra == noted.extra
+    plain = commit(catalog, "noted", {"a.txt": b"alpha\n"}, parameters={})
+    assert plain.version == noted.version  # the same data, already committed
+
+
 def test_other_parameters_give_a_new_version_and_latest_is_newest(catalog: Catalog) -> None:
     old = commit(catalog, "ds", FILES, parameters={"k": 1})
     new = commit(catalog, "ds", FILES, parameters={"k": 2})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -66,6 +67,10 @@ def test_a_slowed_rank_is_flagged_in_the_metrics_and_the_report(
     assert "slowest rank: <b>1</b>;" in text  # and flagged
     assert text.count('<span class="flag">slowest</span>') == 1
     assert "<h2>Epochs</h2>" in text and "window rows/s" in text
+    # The ingest's and the preprocess's runs, as their drivers noted them.
+    ingest_rate = re.search(r"<th>MB/s</th><td>([0-9.]+) \((read|stored)", text)
+    assert ingest_rate and float(ingest_rate.group(1)) > 0, text
+    assert re.search(r"<th>tasks</th><td>write: [0-9]+ in", text)  # the preprocess's shards
     assert "data:image/png;base64," in text
 
     shot = tmp_path / "input-view.png"

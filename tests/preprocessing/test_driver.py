@@ -132,6 +132,11 @@ def test_passes_run_in_order_and_commit_one_version(cluster: LocalCluster, tmp_p
     assert counts[-1].rows_done == counts[-1].rows_total == 20
     assert [p.pass_name for p in seen][-1] == "sum"
     assert not (tmp_path / "work" / f"counts-{manifest.version}").exists()  # removed on commit
+    # The run is noted beside the data (the report's ingest MB/s), not in the version.
+    run = manifest.extra["run"]
+    assert run["passes"]["count"]["tasks"] == 20 and run["passes"]["sum"]["tasks"] == 1
+    assert run["passes"]["count"]["rows"] == 20
+    assert run["seconds"] >= run["passes"]["count"]["seconds"] > 0
 
 
 def test_the_window_follows_the_worker_threads(cluster: LocalCluster) -> None:
