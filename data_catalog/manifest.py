@@ -130,10 +130,12 @@ class Manifest:
         produced the same version, files, schema and statistics have the same digest.
 
         Unlike ``manifest_digest`` (which covers ``created`` and so differs between such runs),
-        it leaves out ``created`` and the recorded digest itself.
+        it leaves out ``created``, the notes on the run that committed it (``extra["run"]``:
+        its seconds, its reused tasks) and the recorded digest itself.
         """
         data = json.loads(self.to_json())
         del data["created"]
+        data["extra"].pop("run", None)
         data.pop(DIGEST_FIELD, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 

@@ -6,6 +6,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,9 @@ def test_run_notes_are_kept_beside_the_data_and_do_not_change_the_version(
     assert catalog.get("noted", noted.version).extra == noted.extra
     plain = commit(catalog, "noted", {"a.txt": b"alpha\n"}, parameters={})
     assert plain.version == noted.version  # the same data, already committed
+    # Two runs that made the same data: the same content, however long each took.
+    assert replace(noted, extra={}).content_digest() == noted.content_digest()
+    assert replace(noted, rows=2).content_digest() != noted.content_digest()
 
 
 def test_other_parameters_give_a_new_version_and_latest_is_newest(catalog: Catalog) -> None:
