@@ -171,12 +171,22 @@ def test_truncated_idx_is_refused_and_leaves_nothing(
     assert ok(shardflow("catalog", "list", "--json")).json["datasets"] == []
 
 
-def test_errors_are_one_line(shardflow: Callable[..., Result], tmp_path: Path) -> None:
+def test_errors_are_one_line(
+    shardflow: Callable[..., Result], tmp_path: Path, shardflow_home: Path
+) -> None:
     missing = shardflow("ingest", "mnist", "--source", str(tmp_path / "nowhere"))
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [
         f"shardflow: error: --source {tmp_path / 'nowhere'}: no such directory"
     ]
+    # `run` says so before it starts a Prefect server for itself.
+    missing_run = shardflow("run", "mnist", "--source", str(tmp_path / "nowhere"))
+    assert missing_run.returncode == 1
+    assert missing_run.stderr.strip().splitlines() == [
+        f"shardflow: error: --source {tmp_path / 'nowhere'}: no such directory or file, and no "
+        "glob match"
+    ]
+    assert not list(shardflow_home.glob("logs/prefect-server*.log"))
     unknown = shardflow("catalog", "show", "nothing-here")
     assert unknown.returncode == 1
     assert len(unknown.stderr.strip().splitlines()) == 1
