@@ -1,10 +1,12 @@
 """Step checkpoints: the model, the optimizer and the loader position, for exact mid-epoch resume.
 
 rank 0, every ``--checkpoint-every`` steps (and at each epoch's end, and on SIGTERM)
-    │  weights + optimizer variables + Position  → checkpoints/step.npz  (temp name, os.replace)
+    │  weights + optimizer variables + random counters + Position
+    │      → checkpoints/step.npz  (temp name, os.replace)
     ▼
 --resume: rank 0 loads it, the ranks' input skips the first ``step`` batches of ``epoch``
-    (same order after them), Horovod broadcasts the weights and optimizer variables
+    (same order after them), Horovod broadcasts the weights, the optimizer variables and the
+    random counters (each rank keeps its own random key: ``training.models.random_counters``)
 
 A :class:`Position` says where the input stood: the epoch (from 0) and the steps done in it,
 under the plan of (seed, num_ranks, batch_size, steps_per_epoch) on one training split.
@@ -48,11 +50,32 @@ class Position:
         return self.epoch * self.steps_per_epoch + self.step
 
 
-def save(path: Path, position: Position, weights: Sequence[Any], optimizer: Sequence[Any]) -> None:
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """What :func:`load` reads back."""
+
+    position: Position
+    weights: list[Any]
+    """The model's weights (``model.get_weights()``)."""
+    optimizer: list[Any]
+    """The optimizer's variables (``optimizer.get_weights()``)."""
+    random_counters: list[Any]
+    """The counter of each random layer's generator (``training.models.random_counters``);
+    empty in a checkpoint written before they were saved."""
+
+
+def save(
+    path: Path,
+    position: Position,
+    weights: Sequence[Any],
+    optimizer: Sequence[Any],
+    random_counters: Sequence[Any] = (),
+) -> None:
     """Write one checkpoint atomically: to a temporary name beside ``path``, then renamed over
     it, so a reader (or a resume after a kill) sees the previous checkpoint or this one whole."""
     arrays = {f"weight_{i}": np.asarray(w) for i, w in enumerate(weights)}
     arrays |= {f"optimizer_{i}": np.asarray(v) for i, v in enumerate(optimizer)}
+    arrays |= {f"random_{i}": np.asarray(c) for i, c in enumerate(random_counters)}
     arrays["position"] = np.frombuffer(json.dumps(asdict(position)).encode(), dtype=np.uint8)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(temporary, "wb") as f:
@@ -62,8 +85,8 @@ def save(path: Path, position: Position, weights: Sequence[Any], optimizer: Sequ
     os.replace(temporary, path)
 
 
-def load(path: Path) -> tuple[Position, list[Any], list[Any]]:
-    """(position, model weights, optimizer variables) of a checkpoint written by :func:`save`."""
+def load(path: Path) -> Checkpoint:
+    """The checkpoint :func:`save` wrote."""
     with np.load(path) as archive:
         fields = json.loads(archive["position"].tobytes().decode())
         if fields.get("format_version") != FORMAT_VERSION:
@@ -73,7 +96,10 @@ def load(path: Path) -> tuple[Position, list[Any], list[Any]]:
             )
         weights = [archive[f"weight_{i}"] for i in range(_count(archive.files, "weight_"))]
         optimizer = [archive[f"optimizer_{i}"] for i in range(_count(archive.files, "optimizer_"))]
-    return Position(**fields), weights, optimizer
+        counters = [archive[f"random_{i}"] for i in range(_count(archive.files, "random_"))]
+    return Checkpoint(
+        position=Position(**fields), weights=weights, optimizer=optimizer, random_counters=counters
+    )
 
 
 def _count(names: Sequence[str], prefix: str) -> int:

@@ -10,11 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 IMAGE_MODELS = ("cnn", "mobilenetv2", "resnet50")
 TABULAR_MODELS = ("dnn",)
 MODELS = (*IMAGE_MODELS, *TABULAR_MODELS)
 # Keras applications need at least 32 x 32 pixels; smaller images (MNIST's 28 x 28) are padded.
 _APPLICATION_MIN_SIDE = 32
+# Words of a Philox generator state that are its counter: the state is [counter (2), key (1)]
+# (tensorflow/python/ops/stateful_random_ops.py, Generator._prepare_key_counter).
+_COUNTER_WORDS = 2
 
 
 def check(name: str, kind: str) -> None:
@@ -53,7 +58,9 @@ def build(
         x = layers.Normalization(axis=-1, mean=list(mean), variance=variance)(x)
     if name == "dnn":
         x = layers.Dense(128, activation="relu")(x)
-        x = layers.Dropout(0.1)(x)
+        # A tf.random.Generator, not Keras's default TF1 stateful ops: their state lives in the
+        # op kernels, where no checkpoint reaches it (see random_generators).
+        x = layers.Dropout(0.1, rng_type="stateful")(x)
         x = layers.Dense(64, activation="relu")(x)
         x = layers.Dense(32, activation="relu")(x)
         return tf.keras.Model(inputs, layers.Dense(num_classes)(x), name=name)
@@ -94,3 +101,61 @@ def build(
         )
         return tf.keras.Model(inputs, backbone(x), name=name)
     raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+
+
+def random_generators(model: Any) -> list[Any]:
+    """The ``tf.random.Generator`` of every random layer of ``model`` (Dropout,
+    RandomTranslation), in a fixed order (``tf.Module.submodules``).
+
+    Keras 2.15's random layers (``BaseRandomLayer``) draw through a ``backend.RandomGenerator``;
+    with rng_type "stateful" (RandomTranslation forces it, ``build`` asks it of Dropout) that
+    holds a ``tf.random.Generator`` whose whole state is one int64 variable. Keras keeps it out
+    of ``model.weights`` and checkpoints on purpose (``BaseRandomLayer.__init__``), and offers no
+    public accessor: hence ``_random_generator._generator``.
+    """
+    generators = []
+    for layer in model.submodules:
+        wrapper = getattr(layer, "_random_generator", None)
+        if wrapper is None:
+            continue
+        wrapper._maybe_init()
+        if wrapper._rng_type != "stateful":
+            raise TypeError(
+                f"layer {layer.name!r} draws with rng_type {wrapper._rng_type!r}, whose state "
+                "cannot be saved; build it with rng_type='stateful'"
+            )
+        generators.append(wrapper._generator)
+    return generators
+
+
+def seed_random_layers(model: Any, *, seed: int, rank: int) -> None:
+    """Give each random layer of ``model`` a Philox key of its own from (seed, rank, layer)
+    and start its counter at 0.
+
+    Each rank draws its own dropout masks and shifts (Keras would seed every rank's layers
+    alike from ``set_random_seed``, masking the same positions of every rank's batch). The
+    counter advances by an amount fixed by the shape drawn, the same on every rank at every
+    step, so rank 0's counters are every rank's and are all a step checkpoint needs
+    (:func:`random_counters`).
+    """
+    for index, generator in enumerate(random_generators(model)):
+        key = np.random.SeedSequence([seed % 2**64, rank, index]).generate_state(1, np.uint64)
+        generator.reset(np.concatenate([np.zeros(_COUNTER_WORDS, np.int64), key.view(np.int64)]))
+
+
+def random_counters(model: Any) -> list[Any]:
+    """The counter of each random layer's generator: where its stream stands."""
+    return [g.state.numpy()[:_COUNTER_WORDS] for g in random_generators(model)]
+
+
+def restore_random_counters(model: Any, counters: Sequence[Any]) -> None:
+    """Set the random layers' counters (from :func:`random_counters`), keeping their keys."""
+    generators = random_generators(model)
+    if len(counters) != len(generators):
+        raise ValueError(
+            f"{len(counters)} random counters for the {len(generators)} random layers of "
+            f"model {model.name!r}"
+        )
+    for generator, counter in zip(generators, counters, strict=True):
+        key = generator.state.numpy()[_COUNTER_WORDS:]
+        generator.reset(np.concatenate([np.asarray(counter, np.int64), key]))

@@ -264,6 +264,7 @@ def step_checkpointer(
     import tensorflow as tf
 
     from training import checkpoints as step_checkpoints
+    from training import models
 
     class StepCheckpointer(tf.keras.callbacks.Callback):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -293,7 +294,9 @@ def step_checkpointer(
         def _save(self, epoch: int, step: int) -> None:
             weights = self.model.get_weights()
             optimizer = self.model.optimizer.get_weights()
-            step_checkpoints.save(path, position(epoch, step), weights, optimizer)
+            # Rank 0's counters are every rank's (training.models.seed_random_layers).
+            counters = models.random_counters(self.model)
+            step_checkpoints.save(path, position(epoch, step), weights, optimizer, counters)
             print(f"step checkpoint: epoch {epoch + 1} step {step} -> {path}", flush=True)
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
@@ -318,6 +321,15 @@ def step_checkpointer(
     return checkpointer
 
 
+def restore_step_checkpoint(model: Any, checkpoint: Any) -> list[Any]:
+    """Rank 0: ``checkpoint``'s weights and optimizer variables into ``model`` (compiled, its
+    optimizer's slots created); returns the random counters for every rank to restore
+    (``training.models.restore_random_counters``; empty from a checkpoint without them)."""
+    model.set_weights(checkpoint.weights)
+    model.optimizer.set_weights(checkpoint.optimizer)
+    return list(checkpoint.random_counters)
+
+
 def _resume_choice(checkpoints: Path, step_file: Path) -> dict[str, Any]:
     """Where rank 0 resumes from: the newest epoch checkpoint ({"kind": "epoch", "done",
     "weights"}) or the step checkpoint ({"kind": "step", "position"}) when it is as far on (it
@@ -326,7 +338,7 @@ def _resume_choice(checkpoints: Path, step_file: Path) -> dict[str, Any]:
 
     done, weights = last_checkpoint(checkpoints)
     if step_file.is_file():
-        position, _weights, _optimizer = step_checkpoints.load(step_file)
+        position = step_checkpoints.load(step_file).position
         if position.epoch + position.step / position.steps_per_epoch >= done:
             return {"kind": "step", "position": asdict(position)}
     return {"kind": "epoch", "done": done, "weights": str(weights) if weights else None}
@@ -516,6 +528,8 @@ def run(config: WorkerConfig) -> None:
         )
 
     model = build_model(train.augment)
+    # Horovod: each rank its own dropout masks and shifts, from (seed, rank).
+    models.seed_random_layers(model, seed=train.seed, rank=rank)
     # Horovod: scale the learning rate by the number of ranks (the global batch grows with it).
     scaled_lr = train.learning_rate * num_ranks
     # Horovod: average gradients across ranks with allreduce; with K backward passes per step,
@@ -559,11 +573,14 @@ def run(config: WorkerConfig) -> None:
             plan = step_checkpoints.plan_resume(
                 position, num_ranks=num_ranks, batch_size=train.batch_size
             )
+            counters = None
             if rank == 0:
-                _position, weights, optimizer_weights = step_checkpoints.load(step_file)
-                model.set_weights(weights)
-                optimizer.set_weights(optimizer_weights)
+                counters = restore_step_checkpoint(model, step_checkpoints.load(step_file))
                 print(plan.note, flush=True)
+            # Horovod: rank 0's random counters to every rank, which keeps its own keys.
+            counters = hvd_tf.broadcast_object(counters, root_rank=0)
+            if counters:
+                models.restore_random_counters(model, counters)
             initial_epoch = plan.epoch
             if plan.steps and (plan.sources or plan.steps < config.steps_per_epoch):
                 partial_steps = plan.steps

@@ -1,5 +1,6 @@
 """A rank killed mid-epoch, resumed from the last step checkpoint: the resumed run feeds exactly
-the batches an uninterrupted run fed from that step, and ends with its weights."""
+the batches an uninterrupted run fed from that step, and ends with its weights (random shifts
+included)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ TRAIN = [
     "8",
     "--checkpoint-every",
     "5",
+    # Random shifts: their generator's counter is saved, so the resume stays exact.
+    "--augment",
 ]
 
 
@@ -121,9 +124,9 @@ def test_killed_mid_epoch_resumes_with_the_uninterrupted_batches_and_weights(
     assert still_running(started) == []
 
     run_dir = shardflow_home / "runs" / clean_dir.name  # the same version, another home
-    position, _weights_saved, _optimizer = checkpoints.load(
-        run_dir / "checkpoints" / checkpoints.STEP_CHECKPOINT
-    )
+    saved = checkpoints.load(run_dir / "checkpoints" / checkpoints.STEP_CHECKPOINT)
+    position = saved.position
+    assert len(saved.random_counters) == 1  # RandomTranslation's
     assert position.epoch == 1 and 0 < position.step < steps, position
     assert position.global_step % 5 == 0 and position.num_ranks == 2
     # What the killed run fed is not what is compared: only the resumed run's batches.

@@ -30,13 +30,15 @@ def test_save_and_load_round_trip_and_leave_no_temporary_file(tmp_path: Path) ->
     path = tmp_path / checkpoints.STEP_CHECKPOINT
     weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np.float32)]
     optimizer = [np.int64(7), np.full((2, 3), 0.5, np.float32)]
+    counters = [np.array([4096, 0], np.int64)]
     checkpoints.save(path, position(), weights, optimizer)
-    checkpoints.save(path, position(step=15), weights, optimizer)  # replaces it
-    loaded, loaded_weights, loaded_optimizer = checkpoints.load(path)
-    assert loaded == position(step=15)
-    assert loaded.global_step == 25 + 15
-    assert all(np.array_equal(a, b) for a, b in zip(loaded_weights, weights, strict=True))
-    assert int(loaded_optimizer[0]) == 7
+    checkpoints.save(path, position(step=15), weights, optimizer, counters)  # replaces it
+    loaded = checkpoints.load(path)
+    assert loaded.position == position(step=15)
+    assert loaded.position.global_step == 25 + 15
+    assert all(np.array_equal(a, b) for a, b in zip(loaded.weights, weights, strict=True))
+    assert int(loaded.optimizer[0]) == 7
+    assert [c.tolist() for c in loaded.random_counters] == [[4096, 0]]
     assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoints.STEP_CHECKPOINT]
 
 

@@ -39,3 +39,18 @@ def test_a_model_must_suit_the_data() -> None:
         models.check("resnet50", "tabular")
     with pytest.raises(ValueError, match="for images use: cnn, mobilenetv2, resnet50"):
         models.check("dnn", "images")
+
+
+def test_each_rank_draws_its_own_dropout_masks_from_the_seed() -> None:
+    def masks(rank: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        model = models.build("dnn", input_shape=(3,), num_classes=3)
+        models.seed_random_layers(model, seed=5, rank=rank)
+        dropout = next(layer for layer in model.layers if layer.name.startswith("dropout"))
+        drawn = dropout(np.ones((64, 128), np.float32), training=True).numpy() == 0
+        return drawn, models.random_counters(model)
+
+    (rank_0, counters_0), (again, _), (rank_1, counters_1) = masks(0), masks(0), masks(1)
+    assert np.array_equal(rank_0, again)
+    assert not np.array_equal(rank_0, rank_1) and 0 < rank_1.mean() < 0.3
+    # The same draws move every rank's counter alike: rank 0's stand for all of them.
+    assert [c.tolist() for c in counters_0] == [c.tolist() for c in counters_1] != [[0, 0]]

@@ -1,16 +1,23 @@
-"""Rank 0's step checkpointer, in a process of its own: SIGTERM during training saves the model,
-the optimizer and the position at the next step boundary, then the process exits 143."""
+"""Rank 0's step checkpointer: a run resumed from it ends with an uninterrupted run's weights,
+dropout and random shifts included; SIGTERM during training (in a process of its own) saves the
+model, the optimizer and the position at the next step boundary, then the process exits 143."""
 
 from __future__ import annotations
 
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
-from training import checkpoints
+from training import checkpoints, models
+from training.worker import restore_step_checkpoint, step_checkpointer
 
 SCRIPT = textwrap.dedent(
     """
@@ -59,7 +66,168 @@ def test_sigterm_saves_a_step_checkpoint_and_exits_143(tmp_path: Path) -> None:
     assert proc.returncode == 143, proc.stderr[-2000:]
     assert "SIGTERM: stopped after epoch 1 step 3" in proc.stdout
     assert "not stopped" not in proc.stdout
-    position, weights, optimizer = checkpoints.load(path)
-    assert (position.epoch, position.step) == (0, 3)
-    assert [w.shape for w in weights] == [(4, 2), (2,)]
-    assert int(np.asarray(optimizer[0])) == 3  # Adam's iteration count: three steps applied
+    saved = checkpoints.load(path)
+    assert (saved.position.epoch, saved.position.step) == (0, 3)
+    assert [w.shape for w in saved.weights] == [(4, 2), (2,)]
+    # Adam's iteration count: three steps applied.
+    assert int(np.asarray(saved.optimizer[0])) == 3
+    assert saved.random_counters == []  # no random layer
+
+
+SEED, BATCH, STEPS, CHECKPOINT_AT = 7, 8, 6, 4
+
+
+class Guard:
+    diverged = None
+
+
+@pytest.fixture
+def sigterm_handler() -> Iterator[None]:
+    # step_checkpointer installs its own SIGTERM handler; pytest's comes back after the test.
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _model(name: str, shape: tuple[int, ...], augment: bool, rank: int) -> Any:
+    """The model as every rank of a run builds it (training.worker.run)."""
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(SEED)
+    model = models.build(name, input_shape=shape, num_classes=3, augment=augment)
+    models.seed_random_layers(model, seed=SEED, rank=rank)
+    model.compile(
+        optimizer=tf.keras.optimizers.legacy.Adam(0.01),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def _position(epoch: int, step: int) -> checkpoints.Position:
+    return checkpoints.Position(
+        train_url="file:///t",
+        epoch=epoch,
+        step=step,
+        seed=SEED,
+        num_ranks=1,
+        batch_size=BATCH,
+        steps_per_epoch=STEPS,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "augment"), [("dnn", (5,), False), ("cnn", (12, 12, 1), True)]
+)
+def test_a_resumed_run_with_dropout_or_augmentation_ends_with_the_uninterrupted_weights(
+    name: str, shape: tuple[int, ...], augment: bool, tmp_path: Path, sigterm_handler: None
+) -> None:
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).normal(size=(STEPS * BATCH, *shape)).astype(np.float32)
+    y = np.arange(STEPS * BATCH) % 3
+    path, kept = tmp_path / checkpoints.STEP_CHECKPOINT, tmp_path / "at-step.npz"
+
+    class KeepCheckpoint(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        # The epoch's end overwrites step.npz: keep the mid-epoch one, as a kill would.
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch + 1 == CHECKPOINT_AT:
+                shutil.copyfile(path, kept)
+
+    uninterrupted = _model(name, shape, augment, rank=0)
+    checkpointer = step_checkpointer(
+        path,
+        _position,
+        every=CHECKPOINT_AT,
+        steps_per_epoch=STEPS,
+        backward_passes_per_step=1,
+        guard=Guard(),
+    )
+    uninterrupted.fit(
+        x, y, batch_size=BATCH, shuffle=False, verbose=0, callbacks=[checkpointer, KeepCheckpoint()]
+    )
+
+    saved = checkpoints.load(kept)
+    assert saved.position.step == CHECKPOINT_AT
+    assert len(saved.random_counters) == 1 and saved.random_counters[0].any()
+    resumed = _model(name, shape, augment, rank=0)
+    resumed.optimizer._create_all_weights(resumed.trainable_variables)
+    models.restore_random_counters(resumed, restore_step_checkpoint(resumed, saved))
+    rest = slice(CHECKPOINT_AT * BATCH, None)
+    resumed.fit(x[rest], y[rest], batch_size=BATCH, shuffle=False, verbose=0)
+
+    for got, expected in zip(resumed.get_weights(), uninterrupted.get_weights(), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+# Horovod's optimizer (one rank, Gloo, no horovodrun) summing 2 backward passes per step, in a
+# process of its own: the checkpoint at step 4 is taken with no partial sum pending.
+LOCAL_AGGREGATION = textwrap.dedent(
+    """
+    import shutil, sys
+    from pathlib import Path
+    import numpy as np
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    from training import checkpoints, models
+    from training.worker import restore_step_checkpoint, step_checkpointer
+
+    hvd.init()
+    SEED, BATCH, STEPS, AT = 7, 8, 8, 4
+    path, kept = Path(sys.argv[1]) / "step.npz", Path(sys.argv[1]) / "at-step.npz"
+
+    def model():
+        tf.keras.utils.set_random_seed(SEED)
+        m = models.build("dnn", input_shape=(5,), num_classes=3)
+        models.seed_random_layers(m, seed=SEED, rank=0)
+        optimizer = hvd.DistributedOptimizer(
+            tf.keras.optimizers.legacy.Adam(0.01),
+            backward_passes_per_step=2,
+            average_aggregated_gradients=True,
+        )
+        m.compile(optimizer=optimizer,
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    class Guard:
+        diverged = None
+
+    def position(epoch, step):
+        return checkpoints.Position(train_url="file:///t", epoch=epoch, step=step, seed=SEED,
+                                    num_ranks=1, batch_size=BATCH, steps_per_epoch=STEPS)
+
+    class Keep(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 == AT:
+                shutil.copyfile(path, kept)
+
+    x = np.random.default_rng(0).normal(size=(STEPS * BATCH, 5)).astype(np.float32)
+    y = np.arange(STEPS * BATCH) % 3
+    uninterrupted = model()
+    checkpointer = step_checkpointer(path, position, every=AT, steps_per_epoch=STEPS,
+                                     backward_passes_per_step=2, guard=Guard())
+    uninterrupted.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0,
+                      callbacks=[checkpointer, Keep()])
+    resumed = model()
+    resumed.optimizer._create_all_weights(resumed.trainable_variables)
+    saved = checkpoints.load(kept)
+    models.restore_random_counters(resumed, restore_step_checkpoint(resumed, saved))
+    resumed.fit(x[AT * BATCH:], y[AT * BATCH:], batch_size=BATCH, shuffle=False, verbose=0)
+    pairs = zip(uninterrupted.get_weights(), resumed.get_weights())
+    print("max difference", max(float(np.abs(a - b).max()) for a, b in pairs))
+    """
+)
+
+
+def test_a_resume_with_two_backward_passes_per_step_ends_with_the_uninterrupted_weights(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", LOCAL_AGGREGATION, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    difference = float(proc.stdout.split("max difference")[-1])
+    assert difference <= 1e-6, proc.stdout
