@@ -117,12 +117,6 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         _cluster(args),
         _train_config(args),
     )
-    source = request.source
-    if source and "://" not in source:
-        # A mistyped path is said now, not after the Prefect server started (15-25 s).
-        local = os.path.expanduser(source)
-        if not os.path.exists(local) and not glob.glob(local):
-            raise ConfigError("source", f"{source}: no such directory or file, and no glob match")
     if cluster.cluster != "local":
         raise ConfigError(
             "cluster",
@@ -130,6 +124,13 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
             "run ingest, preprocess --cluster slurm and train --launcher slurm one by one "
             "(deploy/slurm/pipeline.sbatch)",
         )
+    # The options first, then the filesystem.
+    source = request.source
+    if source and "://" not in source:
+        # A mistyped path is said now, not after the Prefect server started (15-25 s).
+        local = os.path.expanduser(source)
+        if not os.path.exists(local) and not glob.glob(local):
+            raise ConfigError("source", f"{source}: no such directory or file, and no glob match")
     _quiet_libraries(ctx)
     if not ctx.verbose:
         # Prefect's console log stays quiet (the flow run's logs still reach its API and UI).
