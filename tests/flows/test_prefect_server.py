@@ -146,6 +146,10 @@ def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
     assert curves and "data:image/png;base64," in curves[0]["data"]
     progress = [a for a in artifacts if a["key"] == "fashion-mnist-preprocess-progress"]
     assert progress and progress[0]["data"] == 100.0
+    # Each rank's input, published while training ran: one version of the table per epoch.
+    by_epoch = [a for a in artifacts if a["key"] == "fashion-mnist-cnn-input-by-epoch"]
+    assert len(by_epoch) == 2, [a["key"] for a in artifacts]
+    assert all(a["type"] == "table" for a in by_epoch)
 
     # The UI's page of this flow run, rendered by headless Chromium: the rendered DOM names
     # the run and its flow, and the screenshot is a picture of it.
