@@ -1,6 +1,6 @@
 """The ``shardflow`` command: each stage on its own, or all three as one Prefect flow run.
 
-main ─ parser (flows.commands.*: stages, catalog, bench, report, server)
+main ─ parser (flows.commands.*: stages, catalog, bench, experiment, server)
      ─ Settings from the env
      ─ the command's handler ─ one line on stderr and exit 1 for any user error
 """
@@ -29,7 +29,7 @@ examples:
   shardflow run sdss --source exports/ --np 2         the same pipeline for SDSS (model dnn)
   shardflow bench scaling fashion-mnist --json        samples/s on 2 ranks / 1 rank
   shardflow catalog lineage fashion-mnist-cnn         a model back to its raw files
-  shardflow report fashion-mnist-cnn                  its HTML view: ingest to every rank's input
+  shardflow experiment models-datasets --quick        a seed paper's experiment, its report
 
 Data and catalog live under $SHARDFLOW_HOME (default ~/.shardflow): catalog/ holds every
 dataset and model version, runs/ the training runs' checkpoints and logs.
@@ -45,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flows.commands import bench, catalog, report, server, stages
+    from flows.commands import bench, catalog, experiment, report, server, stages
 
     common = _Parser(add_help=False)
     common.add_argument(
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    for family in (stages, bench, report, server, catalog):
+    for family in (stages, bench, experiment, report, server, catalog):
         family.register(commands, common)
     return parser
 
