@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from data_catalog import Catalog
-from tests.cluster.netns import Host, Hosts, Ssh, start_sshd
+from training.netns import Host, Hosts, Ssh, start_sshd
 
 pytestmark = pytest.mark.e2e
 

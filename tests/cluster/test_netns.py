@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.cluster.netns import Hosts
+from training.netns import Hosts
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,6 @@
 """Hosts on one machine: Linux network namespaces joined by a bridge (docs/cluster.md,
-shared CLUSTER.md).
+shared CLUSTER.md). The cluster tests and the multi-host experiments (training.experiments)
+run on them; it needs root, ``ip`` (iproute2) and, for Horovod across hosts, Debian's sshd.
 
     root namespace: bridge br<id> (no address: the root namespace has no route to the hosts)
       ├─ veth <id>0 ── eth0 in namespace <id>-sched  10.77.<k>.1
