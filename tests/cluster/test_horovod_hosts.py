@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def processed_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def hosts(tmp_path: Path) -> Hosts:
+def hosts(tmp_path: Path) -> Iterator[Hosts]:
     with Hosts(["head", "w1", "w2"]) as made:
         yield made
 
