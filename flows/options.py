@@ -432,6 +432,26 @@ def flag_for(field: str) -> str:
     return field
 
 
+def command_line(config: Any, group: str) -> list[str]:
+    """The flags of ``group`` that give ``config`` (a config made from them): each field that
+    differs from its default, so that ``build`` of the parsed flags gives ``config`` back."""
+    cls, flags = _config_flags()[group]
+    by_field = {flag.field: flag for flag in flags}
+    args: list[str] = []
+    for f in dataclasses.fields(cls):
+        value = getattr(config, f.name)
+        if value == _default(cls, f.name):
+            continue
+        flag = by_field.get(f.name)
+        if flag is None:
+            raise ValueError(f"{cls.__name__}.{f.name} has no flag: it cannot be {value!r}")
+        if flag.switch:
+            args.append(flag.flag)
+        else:
+            args += [flag.flag, str(value)]
+    return args
+
+
 def _default(cls: type[Any], name: str) -> Any:
     for f in dataclasses.fields(cls):
         if f.name == name:

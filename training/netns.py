@@ -29,7 +29,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,3 +239,61 @@ def start_sshd(hosts: Sequence[Host], folder: Path, *, port: int = 22) -> Ssh:
     )
     wrapper.chmod(0o755)
     return Ssh(identity=identity, bin=bin_dir, port=port)
+
+
+@dataclass
+class RankHosts:
+    """Namespaced hosts ``head`` (where horovodrun runs) and ``w1..wN`` (one rank each, sshd
+    on :attr:`ssh`'s port), as :func:`rank_hosts` made them."""
+
+    hosts: Hosts
+    ssh: Ssh
+    rank_names: tuple[str, ...]
+
+    @property
+    def head(self) -> Host:
+        return self.hosts["head"]
+
+    def train_options(self, num_ranks: int) -> dict[str, Any]:
+        """TrainConfig fields that put ``num_ranks`` ranks on the first ``num_ranks`` rank
+        hosts, talking over eth0, one rank per host."""
+        if not 1 <= num_ranks <= len(self.rank_names):
+            raise ValueError(f"{num_ranks} ranks on {len(self.rank_names)} rank hosts")
+        return {
+            "num_ranks": num_ranks,
+            "hosts": ",".join(f"{name}:1" for name in self.rank_names[:num_ranks]),
+            "network_interface": "eth0",
+            "ssh_port": self.ssh.port,
+            "ssh_identity_file": str(self.ssh.identity),
+            "disable_cache": True,
+        }
+
+    def bytes_sent(self) -> dict[str, int]:
+        """Bytes each rank host has sent on its link so far (its veth counter)."""
+        return {name: self.hosts[name].bytes_sent() for name in self.rank_names}
+
+
+@contextlib.contextmanager
+def rank_hosts(
+    num_hosts: int, folder: Path, *, ssh_port: int = 2222, frame_every_segment: bool = True
+) -> Iterator[RankHosts]:
+    """``head`` and ``num_hosts`` rank hosts on one bridge, sshd on every rank host, for the
+    block's duration; everything (processes, namespaces, links) is removed however it ends.
+
+    ``frame_every_segment``: each rank host sends every TCP segment as a frame of its own, so
+    that the veth counters count bytes as a real Ethernet link does (:meth:`Host.
+    frame_every_segment`)."""
+    if os.geteuid() != 0:
+        raise PermissionError(
+            "namespaced hosts need root (ip netns, veth links, sshd): run as root, or on real "
+            "hosts with --hosts"
+        )
+    names = tuple(f"w{number}" for number in range(1, num_hosts + 1))
+    with Hosts(["head", *names]) as hosts:
+        if frame_every_segment:
+            for name in names:
+                hosts[name].frame_every_segment()
+        ssh = start_sshd([hosts[name] for name in names], folder, port=ssh_port)
+        for name in names:
+            hosts.wait_for_port(hosts["head"], hosts[name], ssh_port)
+        yield RankHosts(hosts=hosts, ssh=ssh, rank_names=names)

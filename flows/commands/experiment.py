@@ -4,17 +4,22 @@ report (training.experiments holds the experiments; this wires them to the stage
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from data_catalog.errors import ConfigError
+from data_catalog.errors import ConfigError, ShardflowError
 from flows.console import Context
 from flows.options import whole_number
 from training.config import TrainConfig
 from training.experiments import EXPERIMENTS, ExperimentRequest, Sample, experiment
+from training.netns import RankHosts
 
 # The IDX files of an image source folder, gzip or not.
 _IDX_STEMS = {
@@ -73,10 +78,45 @@ class _StagesPipeline:
             "processed": processed,
         }
 
-    def train(self, dataset: str, config: TrainConfig) -> dict[str, Any]:
+    def train(
+        self, dataset: str, config: TrainConfig, *, on: RankHosts | None = None
+    ) -> dict[str, Any]:
         from flows import stages
 
-        return stages.train(self.ctx.settings, dataset, config, progress=self.ctx.progress)
+        if on is None:
+            return stages.train(self.ctx.settings, dataset, config, progress=self.ctx.progress)
+        return self._train_in(on, dataset, config)
+
+    def _train_in(self, on: RankHosts, dataset: str, config: TrainConfig) -> dict[str, Any]:
+        """``shardflow train`` run in the hosts' head namespace, as a user there would: its
+        ssh (on PATH) reaches the rank hosts; the catalog is this home's, on the shared disk."""
+        from flows.options import command_line
+
+        command = on.head.command(
+            [str(Path(sys.executable).parent / "shardflow"), "train", dataset,
+             *command_line(config, "train"), "--json"]
+        )  # fmt: skip
+        env = {
+            **os.environ,
+            "SHARDFLOW_HOME": str(self.ctx.settings.home),
+            "PATH": f"{on.ssh.bin}:{os.environ.get('PATH', '')}",
+        }
+        self.ctx.progress("$ " + " ".join(command))
+        lines: list[str] = []
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        ) as proc:
+            assert proc.stderr is not None and proc.stdout is not None
+            for line in proc.stderr:
+                lines.append(line.rstrip())
+                self.ctx.progress(line.rstrip())
+            out = proc.stdout.read()
+            returncode = proc.wait()
+        if returncode != 0:
+            last = next((line for line in reversed(lines) if line.strip()), "no output")
+            raise ShardflowError(f"train on {config.hosts} failed ({returncode}): {last}")
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return result
 
     def _source(
         self, dataset: str, sample: Sample | None, synthetic_rows: int

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from data_catalog.errors import ConfigError
 from training.config import TrainConfig
+from training.netns import RankHosts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,9 +50,15 @@ class Pipeline(Protocol):
         preprocess result}. The processed version is the latest, the one training reads."""
         ...
 
-    def train(self, dataset: str, config: TrainConfig) -> dict[str, Any]:
+    def train(
+        self, dataset: str, config: TrainConfig, *, on: RankHosts | None = None
+    ) -> dict[str, Any]:
         """Train on the latest processed version of ``dataset`` and commit the model version;
-        returns the train stage's result (flows.results.train_result's shape)."""
+        returns the train stage's result (flows.results.train_result's shape).
+
+        ``on``: namespaced hosts (training.netns.rank_hosts): horovodrun runs in their head
+        and reaches the ranks by ssh (``config`` names the rank hosts:
+        :meth:`RankHosts.train_options`); None: horovodrun here, ranks on this host."""
         ...
 
     def progress(self, message: str) -> None:
