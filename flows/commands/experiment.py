@@ -203,12 +203,7 @@ def cmd_experiment(ctx: Context, args: argparse.Namespace) -> int:
     _quiet_libraries(ctx)
     pipeline = _StagesPipeline(ctx, sources, ctx.settings.work_dir / "experiments" / chosen.name)
     result = chosen.run(request, pipeline)
-    lines = [
-        f"{r['label']:<28} {r['num_ranks']} rank(s): test accuracy {r['test_accuracy']:.4f} "
-        f"(paper {r['paper_accuracy']:.3f}), {r['iterations_per_second']:.2f} iterations/s, "
-        f"{r['model_version']}"
-        for r in result.get("rows", [])
-    ]
+    lines = [str(line) for line in result.get("summary", [])]
     ctx.emit(result, [*lines, f"report: {result['report']}"])
     return 0
 

@@ -87,4 +87,6 @@ class Experiment:
     datasets: tuple[str, ...]
     """Datasets it reads; each gets a ``--<dataset>-source`` flag."""
     run: Callable[[ExperimentRequest, Pipeline], dict[str, Any]]
-    """Runs it and writes the report; returns the JSON-ready result."""
+    """Runs it and writes the report; returns the JSON-ready result: its own keys, and
+    ``summary`` (lines the command prints without --json), ``report`` (report.md's path),
+    ``plots`` (the PNGs' paths)."""

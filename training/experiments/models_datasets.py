@@ -137,8 +137,15 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
             trained = pipeline.train(case.dataset, config)
             rows.append(row_of(case, prepared, trained))
     plots = _plots(request.out, rows)
+    summary = [
+        f"{r['label']:<28} {r['num_ranks']} rank(s): test accuracy {r['test_accuracy']:.4f} "
+        f"(paper {r['paper_accuracy']:.3f}), {r['iterations_per_second']:.2f} iterations/s, "
+        f"{r['model_version']}"
+        for r in rows
+    ]
     result = {
         "experiment": NAME,
+        "summary": summary,
         "quick": request.quick,
         "rows": rows,
         "data": data,
