@@ -385,6 +385,15 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     switch=True,
                     help="record Horovod's timeline (chrome://tracing JSON) in the run directory",
                 ),
+                Flag(
+                    field="threads_per_rank",
+                    flag="--threads-per-rank",
+                    type=whole_number,
+                    metavar="N",
+                    help="TensorFlow compute threads per rank (for example 1 when ranks share a "
+                    "machine's cores)",
+                    default_help="0: the host's cores shared among its ranks",
+                ),
             ),
         ),
         "synth": (

@@ -31,6 +31,7 @@ EXECUTION_ONLY = (
     "resume",
     "checkpoint_every",
     "timeline",
+    "threads_per_rank",
 )
 
 
@@ -86,6 +87,8 @@ class TrainConfig:
     steps, for an exact mid-epoch ``resume`` (training.checkpoints); 0: at epoch ends only."""
     timeline: bool = False
     """Write Horovod's timeline (chrome://tracing JSON) into the run directory."""
+    threads_per_rank: int = 0
+    """TensorFlow compute threads per rank; 0 shares the host's cores among its ranks."""
 
     def __post_init__(self) -> None:
         minimums = {
@@ -97,6 +100,7 @@ class TrainConfig:
             "shuffle_buffer": 1,
             "backward_passes_per_step": 1,
             "checkpoint_every": 0,
+            "threads_per_rank": 0,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)

@@ -512,7 +512,7 @@ def run(config: WorkerConfig) -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    _configure_threads(hvd.local_size(), config.threads_per_rank)
+    _configure_threads(hvd.local_size(), config.threads_per_rank or train.threads_per_rank)
     tf.keras.utils.set_random_seed(train.seed)
 
     spec = InputSpec(**config.spec)
