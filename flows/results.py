@@ -83,6 +83,8 @@ def train_result(dataset: str, manifest: Manifest, metrics: dict[str, Any]) -> d
         "test_accuracy": metrics["test_accuracy"],
         "test_rows": metrics["test_rows"],
         "train_seconds": metrics["train_seconds"],
+        "epoch_seconds": metrics.get("epoch_seconds"),
+        "batch_size": manifest.parameters.get("batch_size"),
         "samples_per_second": metrics["samples_per_second"],
         "history": metrics["history"],
         "backward_passes_per_step": metrics["backward_passes_per_step"],
