@@ -358,6 +358,28 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     help="compress gradients for allreduce",
                 ),
                 Flag(
+                    field="sync",
+                    flag="--sync",
+                    choices=("allreduce", "pairwise"),
+                    help="allreduce: every step, every rank's gradients averaged (one model); "
+                    "pairwise: no gradient allreduce, each rank steps on its own gradients and "
+                    "every --average-every steps averages its weights (BN statistics included; "
+                    "Adam's moments stay local) with one partner, partners rotating so that "
+                    "over N-1 rounds (N odd: N, one rank sitting out each) every rank meets "
+                    "every other. Each average sends about the model's size per rank, whatever "
+                    "N (allreduce: 2(N-1)/N of it); the committed model is the mean of all "
+                    "ranks' at the end (one allreduce). Usually needs more epochs for the same "
+                    "accuracy",
+                ),
+                Flag(
+                    field="average_every",
+                    flag="--average-every",
+                    type=whole_number,
+                    metavar="K",
+                    help="with --sync pairwise: steps between two pairwise averages (K times "
+                    "fewer bytes, ranks drift further apart in between)",
+                ),
+                Flag(
                     field="resume",
                     flag="--resume",
                     switch=True,
@@ -384,6 +406,26 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     flag="--timeline",
                     switch=True,
                     help="record Horovod's timeline (chrome://tracing JSON) in the run directory",
+                ),
+                Flag(
+                    field="model_stages",
+                    flag="--model-stages",
+                    type=whole_number,
+                    metavar="N",
+                    help="hybrid parallelism: split the model (cnn, mobilenetv2) into N "
+                    "consecutive stages of about equal FLOPs, stage i on the rank's device i "
+                    "(GPUs when a rank sees N, else N logical CPU devices); Horovod still "
+                    "averages gradients across ranks. 1: data parallelism alone",
+                ),
+                Flag(
+                    field="micro_batches",
+                    flag="--micro-batches",
+                    type=whole_number,
+                    metavar="M",
+                    help="with --model-stages: split each rank's batch into M micro-batches "
+                    "that flow through the stages one after another, so that stage 2 works on "
+                    "one while stage 1 works on the next (GPipe); M must divide --batch-size. "
+                    "Same maths as one batch, except that BatchNorm normalises per micro-batch",
                 ),
                 Flag(
                     field="threads_per_rank",

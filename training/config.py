@@ -17,7 +17,18 @@ from training.models import MODELS
 
 COMPRESSIONS = ("none", "fp16")
 CONTROLLERS = ("gloo", "mpi")
+# Models training.pipeline_parallel splits into stages.
+PIPELINE_MODELS = ("cnn", "mobilenetv2")
 LAUNCHERS = ("horovodrun", "slurm")
+SYNCS = ("allreduce", "pairwise")
+# Fields added after model versions were committed, with the value every earlier run had: at
+# that value they stay out of the version id, so earlier configurations keep their versions.
+IDENTITY_SINCE: dict[str, Any] = {
+    "sync": "allreduce",
+    "average_every": 1,
+    "model_stages": 1,
+    "micro_batches": 1,
+}
 # Fields that change how a run executes, not what it computes: not part of the version id.
 EXECUTION_ONLY = (
     "hosts",
@@ -60,6 +71,12 @@ class TrainConfig:
     """Local gradient aggregation: allreduce once every K batches."""
     compression: str = "none"
     """Allreduce compression: none or fp16."""
+    sync: str = "allreduce"
+    """How ranks combine what they learn: allreduce (average gradients every step, one model)
+    or pairwise (each rank steps on its own gradients; every ``average_every`` steps it
+    averages its weights with one partner, partners rotating: training.gossip)."""
+    average_every: int = 1
+    """With ``sync`` pairwise: steps between two pairwise averages."""
     augment: bool = False
     """Random shifts of up to 2 pixels while training: for small training sets."""
     hosts: str | None = None
@@ -87,6 +104,13 @@ class TrainConfig:
     steps, for an exact mid-epoch ``resume`` (training.checkpoints); 0: at epoch ends only."""
     timeline: bool = False
     """Write Horovod's timeline (chrome://tracing JSON) into the run directory."""
+    model_stages: int = 1
+    """Model parallelism within a rank: the model split into this many consecutive stages,
+    stage i on the rank's device i (its GPUs, else logical CPU devices), pipelined over
+    ``micro_batches`` (training.pipeline_parallel); Horovod data parallelism across ranks."""
+    micro_batches: int = 1
+    """With ``model_stages`` > 1: micro-batches each rank's batch is split into, so that the
+    stages work at once (GPipe); must divide ``batch_size``."""
     threads_per_rank: int = 0
     """TensorFlow compute threads per rank; 0 shares the host's cores among its ranks."""
 
@@ -101,6 +125,9 @@ class TrainConfig:
             "backward_passes_per_step": 1,
             "checkpoint_every": 0,
             "threads_per_rank": 0,
+            "model_stages": 1,
+            "micro_batches": 1,
+            "average_every": 1,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)
@@ -123,6 +150,7 @@ class TrainConfig:
             "compression": COMPRESSIONS,
             "controller": CONTROLLERS,
             "launcher": LAUNCHERS,
+            "sync": SYNCS,
         }
         if self.model is not None:
             choices["model"] = MODELS
@@ -146,11 +174,70 @@ class TrainConfig:
             )
         if self.hosts and self.hostfile:
             raise ConfigError("hostfile", "cannot be given with hosts: give one of the two")
+        self._check_pipeline()
+        self._check_sync()
         if self.launcher == "slurm" and (self.hosts or self.hostfile):
             raise ConfigError(
                 "launcher", "slurm takes the hosts from the allocation: drop --hosts/--hostfile"
             )
 
+    def _check_pipeline(self) -> None:
+        """What model parallelism (``model_stages`` > 1) goes with (training.pipeline_parallel
+        says why)."""
+        if self.batch_size % self.micro_batches:
+            raise ConfigError(
+                "micro_batches",
+                f"must divide --batch-size {self.batch_size} into equal micro-batches, got "
+                f"{self.micro_batches}",
+            )
+        if self.model_stages == 1:
+            if self.micro_batches > 1:
+                raise ConfigError("micro_batches", "needs --model-stages 2 or more to pipeline")
+            return
+        if self.model is not None and self.model not in PIPELINE_MODELS:
+            raise ConfigError(
+                "model_stages",
+                f"splits only {', '.join(PIPELINE_MODELS)} into stages, not {self.model!r}",
+            )
+        refused = {
+            "backward_passes_per_step": (
+                self.backward_passes_per_step > 1,
+                "the pipelined step already sums the gradients of its micro-batches",
+            ),
+            "checkpoint_every": (self.checkpoint_every > 0, "pipelined runs cannot resume yet"),
+            "resume": (self.resume, "pipelined runs cannot resume yet"),
+        }
+        for name, (given, why) in refused.items():
+            if given:
+                raise ConfigError(
+                    name, f"is not supported with --model-stages {self.model_stages}: {why}"
+                )
+
+    def _check_sync(self) -> None:
+        """What pairwise averaging goes with: it sends weights, not gradients, so gradient
+        aggregation and gradient compression have nothing to act on."""
+        if self.sync == "allreduce":
+            if self.average_every != 1:
+                raise ConfigError("average_every", "needs --sync pairwise")
+            return
+        refused = {
+            "backward_passes_per_step": self.backward_passes_per_step > 1,
+            "compression": self.compression != "none",
+            "model_stages": self.model_stages > 1,
+        }
+        for name, given in refused.items():
+            if given:
+                raise ConfigError(
+                    name,
+                    "is not supported with --sync pairwise: the ranks average weights every "
+                    "--average-every steps, they allreduce no gradients",
+                )
+
     def parameters(self) -> dict[str, Any]:
-        """The fields that make the model version's identity (all but :data:`EXECUTION_ONLY`)."""
-        return {k: v for k, v in asdict(self).items() if k not in EXECUTION_ONLY}
+        """The fields that make the model version's identity (all but :data:`EXECUTION_ONLY`;
+        a field of :data:`IDENTITY_SINCE` only when it is not its default)."""
+        return {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in EXECUTION_ONLY and not (k in IDENTITY_SINCE and v == IDENTITY_SINCE[k])
+        }

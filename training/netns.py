@@ -88,6 +88,34 @@ class Host:
         if done.returncode != 0:
             raise RuntimeError(f"{self.name}: cannot set gso_max_segs: {done.stderr.strip()}")
 
+    def rate_limit(self, mbit: float | None) -> None:
+        """Make this host's eth0 send at most ``mbit`` Mbit/s (a token bucket, ``tc tbf``, as
+        the root qdisc); None: remove the limit. Only what the host sends is shaped: with
+        every host limited, each link carries ``mbit`` each way, like a full-duplex link.
+
+        The bucket holds 2 ms of the rate (at least 4 KiB, a few frames), so that a burst
+        after an idle moment adds little to a transfer of a second or more; the queue holds
+        100 ms of the rate (at least 64 KiB), enough for TCP to keep the link busy (netem is
+        not in this kernel, shared CLUSTER.md)."""
+        if mbit is None:
+            shown = self.run(["tc", "qdisc", "show", "dev", "eth0", "root"]).stdout
+            if " tbf " in shown:
+                done = self.run(["tc", "qdisc", "del", "dev", "eth0", "root"])
+                if done.returncode != 0:
+                    raise RuntimeError(f"{self.name}: cannot remove the rate limit: {done.stderr}")
+            return
+        if not mbit > 0:
+            raise ValueError(f"a rate limit must be above 0 Mbit/s, got {mbit}")
+        bytes_per_second = mbit * 1e6 / 8
+        burst = max(int(bytes_per_second * 0.002), 4096)
+        limit = max(int(bytes_per_second * 0.1), 65536)
+        done = self.run(
+            ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+             f"{int(mbit * 1000)}kbit", "burst", str(burst), "limit", str(limit)]
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.name}: cannot limit eth0 to {mbit} Mbit/s: {done.stderr}")
+
     def stop(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:
@@ -271,6 +299,11 @@ class RankHosts:
     def bytes_sent(self) -> dict[str, int]:
         """Bytes each rank host has sent on its link so far (its veth counter)."""
         return {name: self.hosts[name].bytes_sent() for name in self.rank_names}
+
+    def rate_limit(self, mbit: float | None) -> None:
+        """:meth:`Host.rate_limit` on every rank host's eth0 (None: no limit)."""
+        for name in self.rank_names:
+            self.hosts[name].rate_limit(mbit)
 
 
 @contextlib.contextmanager

@@ -77,13 +77,16 @@ GUARD_EVERY = 16
 RECORD_ROWS_ENV = "SHARDFLOW_TEST_RECORD_ROWS"
 
 
-def _configure_threads(local_size: int, threads_per_rank: int) -> None:
+def _configure_threads(local_size: int, threads_per_rank: int, *, model_stages: int = 1) -> None:
     import tensorflow as tf
+
+    from training.pipeline_parallel import inter_op_threads
 
     # Ranks on one host share its cores; without this each would start a pool per core.
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // local_size)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+    # A thread per pipeline stage at least, so that the stages overlap.
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(model_stages, threads))
 
 
 def epoch_timer() -> Any:
@@ -477,7 +480,7 @@ def run(config: WorkerConfig) -> None:
     import tensorflow as tf
 
     from training import checkpoints as step_checkpoints
-    from training import models
+    from training import models, pipeline_parallel
     from training.input import (
         InputSpec,
         PartialEpoch,
@@ -499,7 +502,12 @@ def run(config: WorkerConfig) -> None:
     # call; pyarrow stays at 14 for it (docs/STACK.md).
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
 
-    hvd.init()
+    from training import gossip
+
+    # Horovod: --sync pairwise averages weights on static process sets of two ranks, one per
+    # pair, which every rank registers at init.
+    pair_sets = gossip.pair_process_sets(train.num_ranks) if train.sync == "pairwise" else {}
+    hvd.init(process_sets=gossip.registered(pair_sets))
     rank, num_ranks = hvd.rank(), hvd.size()
     # What each rank sends on the interface(s) the ranks talk over, when the run names them.
     interfaces = train.network_interface.split(",") if train.network_interface else []
@@ -508,11 +516,21 @@ def run(config: WorkerConfig) -> None:
         wire.start()
     # Horovod: one GPU per local rank, where there are GPUs.
     gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
+    stage_devices: list[str] = []
+    if train.model_stages > 1:
+        # Horovod: a group of model_stages GPUs per local rank, else logical CPU devices.
+        stage_devices = pipeline_parallel.configure_devices(
+            train.model_stages, local_rank=hvd.local_rank()
+        )
+    elif gpus:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-    _configure_threads(hvd.local_size(), config.threads_per_rank or train.threads_per_rank)
+    _configure_threads(
+        hvd.local_size(),
+        config.threads_per_rank or train.threads_per_rank,
+        model_stages=train.model_stages,
+    )
     tf.keras.utils.set_random_seed(train.seed)
 
     spec = InputSpec(**config.spec)
@@ -530,17 +548,30 @@ def run(config: WorkerConfig) -> None:
     model = build_model(train.augment)
     # Horovod: each rank its own dropout masks and shifts, from (seed, rank).
     models.seed_random_layers(model, seed=train.seed, rank=rank)
+    # The model as built: its variables are the stages' too, in the export's order.
+    unsplit = model
+    stages = pipeline_parallel.split(model, train.model_stages) if train.model_stages > 1 else []
+    if stages:
+        model = pipeline_parallel.pipelined(
+            stages, devices=stage_devices, micro_batches=train.micro_batches
+        )
     # Horovod: scale the learning rate by the number of ranks (the global batch grows with it).
     scaled_lr = train.learning_rate * num_ranks
     # Horovod: average gradients across ranks with allreduce; with K backward passes per step,
     # gradients of K local batches are summed locally and sent once (K times less traffic).
     sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="allreduce_bytes")
     compression = hvd.Compression.fp16 if train.compression == "fp16" else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(
-        tf.keras.optimizers.legacy.Adam(scaled_lr),
-        backward_passes_per_step=train.backward_passes_per_step,
-        average_aggregated_gradients=True,
-        compression=counting_compression(compression, sent),
+    optimizer = (
+        hvd.DistributedOptimizer(
+            tf.keras.optimizers.legacy.Adam(scaled_lr),
+            backward_passes_per_step=train.backward_passes_per_step,
+            average_aggregated_gradients=True,
+            compression=counting_compression(compression, sent),
+        )
+        if train.sync == "allreduce"
+        # --sync pairwise: each rank steps on its own gradients; training.gossip averages
+        # weights with one partner every --average-every steps.
+        else tf.keras.optimizers.legacy.Adam(scaled_lr)
     )
     model.compile(
         optimizer=optimizer,
@@ -715,6 +746,11 @@ def run(config: WorkerConfig) -> None:
         on_epoch=publish_epoch,
     )
     callbacks += [timer, meter, step_times]
+    averaging = None
+    if train.sync == "pairwise":
+        # Horovod: after the initial broadcast (the first callback), every K steps.
+        averaging = gossip.pairwise_averaging(rank, num_ranks, train.average_every, pair_sets)
+        callbacks.append(averaging)
     if wire is not None:
         callbacks.append(wire)
     started = time.perf_counter()
@@ -754,6 +790,12 @@ def run(config: WorkerConfig) -> None:
         for k, v in fitted.history.items():
             history.setdefault(k, []).extend(v)
     train_seconds = time.perf_counter() - started
+    # Horovod: the model version of a pairwise run is the mean of every rank's model (one
+    # allreduce over all ranks, after the wire meter's last epoch).
+    final_average_bytes = gossip.average_all(model) if averaging is not None else 0
+    pairwise_by_rank = (
+        hvd_tf.allgather_object(averaging.report(), name="pairwise") if averaging else None
+    )
     # Horovod: every rank's wire counters, in rank order, to rank 0 (after the last epoch's
     # counters were read: this gather is not counted in them).
     wire_by_rank = (
@@ -761,6 +803,11 @@ def run(config: WorkerConfig) -> None:
     )
     # Horovod: every rank's input metrics, in rank order, to rank 0 (once, after training).
     input_by_rank = hvd_tf.allgather_object(step_times.report(), name="input_meter")
+    # Horovod: every rank's measured memory (peak RSS; allocator peaks where tracked).
+    devices = stage_devices or ["/GPU:0" if gpus else "/CPU:0"]
+    memory_by_rank = hvd_tf.allgather_object(
+        pipeline_parallel.measured_memory(devices), name="memory"
+    )
     if rank != 0:
         return
     if guard.diverged is not None:
@@ -797,7 +844,28 @@ def run(config: WorkerConfig) -> None:
         "epoch_seconds": timer.seconds,
         "train_seconds": train_seconds,
         "samples_per_second": samples_per_epoch * epochs_run / train_seconds,
+        "model_stages": train.model_stages,
+        "micro_batches": train.micro_batches,
+        # Measured per rank: peak RSS, and allocator peaks where TensorFlow tracks them.
+        "memory_by_rank": memory_by_rank,
+        # Modelled from shapes: what each device of a rank holds for its stage (one device
+        # for the whole model when unsplit).
+        "memory_by_device_modelled": pipeline_parallel.modelled_memory(
+            stages or pipeline_parallel.whole(unsplit),
+            batch_size=train.batch_size,
+            devices=devices,
+        ),
     }
+    if pairwise_by_rank is not None:
+        # Payload each rank handed to its pairwise averages per epoch (rank 0's as the
+        # allreduce payload), and the final average's.
+        metrics["sync"] = train.sync
+        metrics["average_every"] = train.average_every
+        metrics["pairwise_by_rank"] = pairwise_by_rank
+        metrics["allreduce_bytes_by_epoch"] = pairwise_by_rank[0]["bytes_by_epoch"]
+        metrics["allreduce_bytes_per_epoch"] = int(np.mean(pairwise_by_rank[0]["bytes_by_epoch"]))
+        metrics["allreduce_bytes_per_epoch_computed"] = None
+        metrics["final_average_bytes"] = final_average_bytes
     if wire_by_rank is not None:
         # Measured on the interfaces: bytes (and packets) each rank sent in each epoch, framing
         # included, and before training (Horovod's control loop alone, for its rate).
@@ -811,7 +879,7 @@ def run(config: WorkerConfig) -> None:
         evaluation_started = time.perf_counter()
         # The model that is saved: no augmentation layer, no Horovod optimizer.
         export = build_model(augment=False)
-        export.set_weights(model.get_weights())
+        export.set_weights(unsplit.get_weights())
         x_test, y_test = load_split(config.test_dir, spec)
         logits = export.predict(in_batches(x_test, EVALUATION_BATCH), verbose=0)
         predictions = np.argmax(logits, axis=1)

@@ -146,6 +146,15 @@ def test_the_identity_is_the_fields_that_change_what_is_computed() -> None:
     }
 
 
+def test_fields_added_later_join_the_identity_only_off_their_default() -> None:
+    """Model versions committed before sync/model stages existed keep their ids."""
+    assert "model_stages" not in TrainConfig(model="cnn").parameters()
+    hybrid = TrainConfig(model="cnn", model_stages=2, micro_batches=4).parameters()
+    assert (hybrid["model_stages"], hybrid["micro_batches"]) == (2, 4)
+    gossip = TrainConfig(model="cnn", sync="pairwise", average_every=2).parameters()
+    assert (gossip["sync"], gossip["average_every"]) == ("pairwise", 2)
+
+
 def test_train_refuses_an_unresolved_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="resolve the dataset's default model"):
         train(
