@@ -671,7 +671,7 @@ EXPERIMENT = Experiment(
     measures="ResNet-50 step time and gradient bytes; allreduce time on 2-4 namespaced hosts "
     "at 1/10/100 Mbit/s and unlimited; fits the ring model and predicts images/s and "
     "efficiency at 8-512 GPUs on 10/25/100 Gbit/s",
-    full_duration="about 15 minutes on 2 shared cores; --quick under 2 minutes",
+    full_duration="about 18 minutes on 2 shared cores; --quick under 2 minutes",
     datasets=(),
     run=run,
 )
