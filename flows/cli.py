@@ -18,6 +18,7 @@ from types import FrameType
 from typing import NoReturn
 
 from data_catalog.errors import ConfigError, ShardflowError
+from flows.console import INTERRUPT
 
 EPILOG = """\
 examples:
@@ -82,6 +83,7 @@ _SHOW_TEARDOWN = {"debug": False}
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    INTERRUPT["pending"] = True
     _quiet_teardown()
     raise KeyboardInterrupt
 
@@ -108,14 +110,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # recorded the crash sends the signal again to this one (prefect.utilities.engine's
     # capture_sigterm).
     previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+    INTERRUPT["pending"] = False
     try:
-        return _run_command(argv)
+        code = _run_command(argv)
+        if not INTERRUPT["pending"]:  # see flows.console.INTERRUPT
+            return code
     except KeyboardInterrupt:
-        print("shardflow: interrupted", file=sys.stderr)
-        return 130
+        pass
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    print("shardflow: interrupted", file=sys.stderr)
+    return 130
 
 
 def _run_command(argv: Sequence[str] | None) -> int:

@@ -15,6 +15,18 @@ if TYPE_CHECKING:
 
 from flows.settings import Settings
 
+# Set by flows.cli's handler at Ctrl-C or SIGTERM, until the command ends. Python raises the
+# handler's KeyboardInterrupt wherever the main thread is, and some places drop it: a weakref
+# callback or finaliser ("Exception ignored in"), a library's `except BaseException` while it
+# flushes (seen in the last second of `run`, under load). A command whose interrupt was dropped
+# still ends as interrupted (exit 130), never as a success.
+INTERRUPT = {"pending": False}
+
+
+def interrupt_handled() -> None:
+    """For a command whose normal end is an interrupt (`server`): it has stopped as asked."""
+    INTERRUPT["pending"] = False
+
 
 @dataclass(frozen=True, kw_only=True)
 class Context:

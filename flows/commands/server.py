@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from data_catalog.errors import ShardflowError
-from flows.console import Context
+from flows.console import Context, interrupt_handled
 from flows.options import whole_number
 from flows.prefect_server import QUIET_SERVER_ENV, die_with_parent
 from preprocessing import datasets
@@ -76,6 +76,7 @@ def cmd_server(ctx: Context, args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        interrupt_handled()
         return 0
 
 

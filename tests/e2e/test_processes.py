@@ -272,8 +272,11 @@ def prefect_server_of(command: psutil.Process) -> tuple[psutil.Process, int] | N
 
 
 def dask_workers(command: psutil.Process) -> list[psutil.Process]:
-    """The worker processes of ``command``'s Dask LocalCluster."""
-    return [c for c in command.children(recursive=True) if "spawn_main" in cmdline(c)]
+    """The worker processes of ``command``'s Dask LocalCluster: its own children (the nannies
+    run in the command). horovodrun's spawned helpers, at the end of a run, are grandchildren:
+    under load the ingest's short-lived cluster was missed and a Ctrl-C "during ingest" landed
+    in the run's last second."""
+    return [c for c in command.children() if "spawn_main" in cmdline(c)]
 
 
 def test_sigkill_of_run_stops_its_prefect_server(
