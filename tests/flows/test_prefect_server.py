@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -97,6 +98,24 @@ def api(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
     response = httpx.post(f"{url}/api{path}", json=body or {}, timeout=30)
     response.raise_for_status()
     return response.json()
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """Stop a `prefect worker start` and everything it started. Its first SIGTERM means "finish
+    the flow runs in flight, take no new ones" (prefect.utilities.processutils'
+    setup_signal_handlers_worker), which outlasted 30 s when a scheduled run had just started;
+    a second SIGTERM is its way to kill it, then the rest of its process group goes."""
+    try:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
 
 
 def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
@@ -252,8 +271,13 @@ def test_deployment_runs_on_its_schedule_under_a_worker(
         assert completed, "no scheduled run of the deployment completed within 180 s"
         assert completed[0]["auto_scheduled"] is True
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
+        # The server lives for the module: its scheduler must not hand the next test's worker
+        # a run of this deployment every 10 s.
+        url = f"{prefect_server}/api/deployments/{deployment['id']}"
+        for schedule in httpx.get(url, timeout=30).json()["schedules"]:
+            if schedule["schedule"].get("interval") == 10:
+                httpx.delete(f"{url}/schedules/{schedule['id']}", timeout=30).raise_for_status()
+        stop_worker(worker)
 
 
 def test_the_pipeline_deployment_trains_sdss_with_its_own_model(
@@ -315,8 +339,7 @@ def test_the_pipeline_deployment_trains_sdss_with_its_own_model(
                 break
         assert state == "COMPLETED", run["state"]
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
+        stop_worker(worker)
     models = shardflow("catalog", "show", "sdss-dnn", "--json")
     assert models.returncode == 0, models.stderr
     assert models.json["schema"]["model"] == "dnn"

@@ -5,6 +5,7 @@ or written, and a run that diverged leaves no model (the divergence guard on rea
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -237,11 +238,17 @@ def fit_one_rank(
     return diverged
 
 
-def test_a_huge_learning_rate_stops_training_with_a_nan_loss(
+def test_a_huge_learning_rate_stops_training_at_the_second_step(
     catalog: Catalog, tmp_path: Path
 ) -> None:
     diverged = fit_one_rank(catalog, 1e30, tmp_path, epochs=2)
-    assert diverged == {"epoch": 1, "step": 2, "reason": "loss nan"}
+    assert diverged is not None
+    assert (diverged["epoch"], diverged["step"]) == (1, 2)
+    # NaN on one machine, about 5e29 on another (the same seed: the CPU's kernels differ);
+    # both are divergence.
+    assert re.fullmatch(
+        r"loss nan|loss \S+, over 1000 times the first step's \S+", diverged["reason"]
+    ), diverged
     assert list(tmp_path.glob("epoch-*.h5")) == []  # the diverged epoch is not checkpointed
 
 
