@@ -1,5 +1,6 @@
 """`shardflow experiment pairwise-averaging --quick`: three namespaced hosts, allreduce (K = 1
-and 2) against pairwise weight averaging, judged by the report, the plots and the bytes."""
+and 2) against pairwise weight averaging (every step and every 2 steps), judged by the report,
+the plots and the bytes."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_pairwise_quick_sends_fewer_bytes_per_step_than_allreduce_at_three_worke
         assert Path(plot).read_bytes()[:8] == PNG_MAGIC
 
     rows = {r["variant"]: r for r in result["rows"]}
-    assert set(rows) == {"allreduce K=1", "allreduce K=2", "pairwise every 1"}
+    assert set(rows) == {"allreduce K=1", "allreduce K=2", "pairwise every 1", "pairwise every 2"}
     for row in rows.values():
         assert row["num_ranks"] == 3
         assert row["epochs"] == 2
@@ -69,11 +70,18 @@ def test_pairwise_quick_sends_fewer_bytes_per_step_than_allreduce_at_three_worke
     assert rows["allreduce K=2"]["bytes_per_step_per_rank"] < (
         0.6 * allreduce["bytes_per_step_per_rank"]
     )
-    assert [rec["num_ranks"] for rec in result["recovery"]] == [3]
+    # Averaging every 2 steps: half the averages, half the bytes.
+    assert rows["pairwise every 2"]["bytes_per_step_per_rank"] < (
+        0.6 * pairwise["bytes_per_step_per_rank"]
+    )
+    assert [(rec["num_ranks"], rec["average_every"]) for rec in result["recovery"]] == [
+        (3, 1),
+        (3, 2),
+    ]
 
     report = (out / "report.md").read_text()
     table = [line for line in report.splitlines() if line.startswith("| ") and "`" in line]
-    assert len(table) == 3
+    assert len(table) == 4
     for row in rows.values():
         assert row["model_version"] in report
     assert "(bytes_vs_accuracy.png)" in report

@@ -1,10 +1,11 @@
 """Backward passes x network bytes x accuracy (seed: iterative pair-wise averaging).
 
 For N workers (namespaced hosts, one rank each, Gloo over their veth links): full allreduce
-of gradients every step (K = 1), local aggregation (``--backward-passes-per-step`` K = 2), and
-pairwise (gossip) weight averaging (``--sync pairwise``: each rank steps on its own gradients
-and averages its weights with one rotating partner every step), the latter again with more
-epochs until it comes within one point of allreduce's test accuracy. Bytes are measured on
+of gradients every step (K = 1), local aggregation (``--backward-passes-per-step`` K = 2, 4),
+and pairwise (gossip) weight averaging (``--sync pairwise``: each rank steps on its own
+gradients and averages its weights with one rotating partner every step, or every 2 steps),
+each pairwise cadence again with more epochs until it comes within one point of allreduce's
+test accuracy. Bytes are measured on
 each rank's link (its eth0 counters at epoch boundaries, Horovod's control loop subtracted),
 beside the ring model's prediction; accuracy is on the full test split.
 """
@@ -42,7 +43,10 @@ QUICK_RANKS = (3,)
 QUICK_EPOCHS = 2
 QUICK_EPOCH_FACTORS = (1,)
 # Allreduce with local aggregation of K backward passes per step.
-PASSES = (1, 2)
+FULL_PASSES = (1, 2, 4)
+QUICK_PASSES = (1, 2)
+# Pairwise averaging every this many steps (the bytes of allreduce K = 2 at every 2).
+AVERAGE_EVERY = (1, 2)
 # 12 equal row groups serve 2, 3, 4 and 6 ranks.
 RANK_MULTIPLE = 12
 ACCURACY_GAP = 0.01
@@ -165,20 +169,27 @@ def within_gap(row: dict[str, Any], reference: dict[str, Any]) -> bool:
     return bool(row["test_accuracy"] >= reference["test_accuracy"] - ACCURACY_GAP)
 
 
-def recovery(rows: list[dict[str, Any]], num_ranks: int) -> dict[str, Any]:
-    """For ``num_ranks``: the iterations pairwise averaging needed to come within one point of
-    allreduce (K = 1), or that it did not within the runs made."""
+def recovery(rows: list[dict[str, Any]], num_ranks: int, every: int = 1) -> dict[str, Any]:
+    """For ``num_ranks``: the iterations pairwise averaging every ``every`` steps needed to
+    come within one point of allreduce (K = 1), or that it did not within the runs made."""
     reference = next(
         r for r in rows if r["num_ranks"] == num_ranks and r["sync"] == "allreduce" and
         r["passes"] == 1
     )  # fmt: skip
     pairwise = sorted(
-        (r for r in rows if r["num_ranks"] == num_ranks and r["sync"] == "pairwise"),
+        (
+            r
+            for r in rows
+            if r["num_ranks"] == num_ranks
+            and r["sync"] == "pairwise"
+            and r["average_every"] == every
+        ),
         key=lambda r: r["iterations"],
     )
     reached = next((r for r in pairwise if within_gap(r, reference)), None)
     return {
         "num_ranks": num_ranks,
+        "average_every": every,
         "allreduce_accuracy": reference["test_accuracy"],
         "allreduce_iterations": reference["iterations"],
         "pairwise_iterations_tried": [r["iterations"] for r in pairwise],
@@ -195,6 +206,7 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     ranks = QUICK_RANKS if quick else FULL_RANKS
     epochs = request.epochs or (QUICK_EPOCHS if quick else FULL_EPOCHS)
     factors = QUICK_EPOCH_FACTORS if quick else FULL_EPOCH_FACTORS
+    passes = QUICK_PASSES if quick else FULL_PASSES
     pipeline.progress(f"{NAME}: ingest and preprocess {DATASET}")
     prepared = pipeline.prepare(
         DATASET,
@@ -209,7 +221,7 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
             # The most ranks first: the longest start-up and the most process sets fail early.
             for num_ranks in sorted(ranks, reverse=True):
                 options = hosts.train_options(num_ranks)
-                variants = [Variant(sync="allreduce", passes=k) for k in PASSES]
+                variants = [Variant(sync="allreduce", passes=k) for k in passes]
                 for variant in variants:
                     pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}")
                     trained = pipeline.train(
@@ -217,17 +229,18 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
                     )
                     rows.append(row_of(variant, trained))
                 reference = rows[-len(variants)]
-                for factor in factors:
-                    variant = Variant(sync="pairwise", epoch_factor=factor)
-                    pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}")
-                    trained = pipeline.train(
-                        DATASET, train_config(variant, options, epochs), on=hosts
-                    )
-                    rows.append(row_of(variant, trained))
-                    if within_gap(rows[-1], reference):
-                        break
+                for every in AVERAGE_EVERY:
+                    for factor in factors:
+                        variant = Variant(sync="pairwise", average_every=every, epoch_factor=factor)
+                        pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}")
+                        trained = pipeline.train(
+                            DATASET, train_config(variant, options, epochs), on=hosts
+                        )
+                        rows.append(row_of(variant, trained))
+                        if within_gap(rows[-1], reference):
+                            break
     rows.sort(key=lambda r: r["num_ranks"])  # stable: the run order within each N
-    recoveries = [recovery(rows, n) for n in ranks]
+    recoveries = [recovery(rows, n, every) for n in ranks for every in AVERAGE_EVERY]
     plots = _plots(request.out, rows)
     result = {
         "experiment": NAME,
@@ -258,19 +271,28 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    markers = {"allreduce K=1": "o", "allreduce K=2": "s"}
+    passes = sorted({r["passes"] for r in rows if r["sync"] == "allreduce"})
+    markers = dict(zip((f"allreduce K={k}" for k in passes), "osD", strict=False))
+    # Pairwise: a marker per cadence, hollow when the run had more epochs.
+    cadence = dict(zip(AVERAGE_EVERY, "^v", strict=False))
     figure, axes = plt.subplots(figsize=(7, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     ranks = sorted({r["num_ranks"] for r in rows})
     for row in rows:
         colour = colours[ranks.index(row["num_ranks"]) % len(colours)]
-        marker = markers.get(row["variant"], "^" if row["epochs"] == rows[0]["epochs"] else "v")
+        more = row["sync"] == "pairwise" and row["epochs"] > rows[0]["epochs"]
+        marker = markers.get(row["variant"], cadence.get(row["average_every"], "^"))
         axes.scatter(row["total_bytes_all_ranks"] / 1e6, 100 * row["test_accuracy"],
-                     color=colour, marker=marker, s=50)  # fmt: skip
+                     color=colour, marker=marker, s=50,
+                     facecolors="none" if more else colour)  # fmt: skip
     for n in ranks:
         axes.scatter([], [], color=colours[ranks.index(n) % len(colours)], label=f"N={n}")
-    for label, marker in [*markers.items(), ("pairwise", "^"), ("pairwise, more epochs", "v")]:
+    for label, marker in [
+        *markers.items(),
+        *((f"pairwise every {e}", m) for e, m in cadence.items()),
+    ]:
         axes.scatter([], [], color="grey", marker=marker, label=label)
+    axes.scatter([], [], color="grey", marker="o", facecolors="none", label="more epochs")
     axes.set_xscale("log")
     axes.set_xlabel("network bytes, all ranks, whole run (MB, measured on veth)")
     axes.set_ylabel("test accuracy (%)")
@@ -282,7 +304,7 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     figure.savefig(scatter, dpi=100)
     plt.close(figure)
 
-    labels = [f"allreduce K={k}" for k in PASSES] + ["pairwise every 1"]
+    labels = list(markers) + [f"pairwise every {e}" for e in AVERAGE_EVERY]
 
     def series(key: str) -> dict[str, list[float | None]]:
         found = {(r["num_ranks"], r["variant"]): r[key] / 1e6 for r in rows}
@@ -354,19 +376,27 @@ def render(result: dict[str, Any]) -> str:
             )
         else:
             verdict = "**not within 1 point** in the iterations tried"
+        every = rec.get("average_every", 1)
         recovery_lines.append(
-            f"- N={rec['num_ranks']}: allreduce {100 * rec['allreduce_accuracy']:.2f} % after "
-            f"{rec['allreduce_iterations']} iterations; pairwise {tried}: {verdict}"
+            f"- N={rec['num_ranks']}, pairwise every {every}: allreduce "
+            f"{100 * rec['allreduce_accuracy']:.2f} % after {rec['allreduce_iterations']} "
+            f"iterations; pairwise {tried}: {verdict}"
         )
     fewer = []
     for n in sorted({r["num_ranks"] for r in rows}):
         ar = next(r for r in rows if r["num_ranks"] == n and r["variant"] == "allreduce K=1")
-        pw = next(r for r in rows if r["num_ranks"] == n and r["sync"] == "pairwise")
-        ratio = pw["bytes_per_step_per_rank"] / ar["bytes_per_step_per_rank"]
-        fewer.append(f"- N={n}: pairwise/allreduce bytes per step per rank = {ratio:.3f}")
+        first = {}  # each cadence's run with allreduce's epochs (the first made)
+        for r in rows:
+            if r["num_ranks"] == n and r["sync"] == "pairwise":
+                first.setdefault(r["average_every"], r)
+        ratios = ", ".join(
+            f"every {every}: {pw['bytes_per_step_per_rank'] / ar['bytes_per_step_per_rank']:.3f}"
+            for every, pw in sorted(first.items())
+        )
+        fewer.append(f"- N={n}: pairwise/allreduce K=1 bytes per step per rank, {ratios}")
     quick = (
-        "\n**Quick run** (`--quick`): 960 training images, three ranks, two short epochs. It "
-        "checks every stage and the bytes; its accuracies say nothing.\n"
+        "\n**Quick run** (`--quick`): 960 training images, three ranks, two short epochs, no "
+        "K=4. It checks every stage and the bytes; its accuracies say nothing.\n"
         if result["quick"]
         else ""
     )
@@ -379,15 +409,18 @@ said. Accuracy: the committed model version on the whole test split ({rows[0]["t
 images).
 
 - **allreduce K=1**: gradients averaged over all ranks every step (Horovod's
-  DistributedOptimizer); **K=2**: local aggregation, one allreduce per 2 backward passes.
-- **pairwise every 1**: no gradient allreduce; each rank steps on its own gradients, then
-  averages its weights (BN statistics included; Adam's moments stay local) with one partner
-  on a Horovod process set of the two (`--sync pairwise`, `training.gossip`); partners rotate
+  DistributedOptimizer); **K=2, K=4**: local aggregation (`--backward-passes-per-step`), one
+  allreduce per K backward passes, each pass a batch of {BATCH_SIZE}.
+- **pairwise every E** (E = {", ".join(str(e) for e in AVERAGE_EVERY)}): no gradient
+  allreduce; each rank steps on its own gradients, and every E steps averages its weights
+  (BN statistics included; Adam's moments stay local) with one partner on a Horovod process
+  set of the two (`--sync pairwise`, `training.gossip`); partners rotate
   (circle-method 1-factorisation: N-1 rounds, N odd: N rounds with one rank sitting out).
   The model version is the mean of all ranks' weights at the end (one allreduce, counted in
   the whole-run bytes from the ring model: it falls outside the measured epochs).
-- Pairwise runs again with {", ".join(f"{f}x" for f in FULL_EPOCH_FACTORS[1:])} the epochs when
-  it is more than one point below allreduce K=1 (more iterations, as the paper does).
+- Each pairwise cadence runs again with {", ".join(f"{f}x" for f in FULL_EPOCH_FACTORS[1:])}
+  the epochs when it is more than one point below allreduce K=1 (more iterations, as the
+  paper does).
 
 {table}
 
@@ -398,14 +431,15 @@ broadcast), divided by the batches of an epoch. Framing counted: every TCP segme
 its own (66 bytes of headers per ≤ 1448 bytes, +4.6 %, plus ACKs). Ring model: allreduce
 2(N-1)/N x S per allreduce (S = {rows[0]["model_bytes"]:,} bytes of fp32 gradients), K
 times fewer allreduces with K passes; pairwise: a 2-rank allreduce of the S weight bytes sends
-S per rank per average, and with N odd each rank sits out one round in N. "Whole run": all
+S per rank per average, E times fewer averages every E steps, and with N odd each rank sits
+out one round in N. "Whole run": all
 ranks, every epoch (broadcast included), plus the closing average for pairwise.
 
 Pairwise against allreduce, bytes per step per rank (measured):
 
 {chr(10).join(fewer)}
 
-Iterations pairwise averaging needed to come within 1 point of allreduce's accuracy:
+Iterations pairwise averaging needed to come within 1 point of allreduce K=1's accuracy:
 
 {chr(10).join(recovery_lines)}
 
@@ -430,12 +464,13 @@ Iterations pairwise averaging needed to come within 1 point of allreduce's accur
 EXPERIMENT = Experiment(
     name=NAME,
     seed="iterative pair-wise averaging",
-    measures="2-6 namespaced hosts: allreduce (K=1, 2 backward passes per step) vs pairwise "
-    "(gossip) weight averaging on Horovod process sets: bytes per step on the veth links "
-    "(beside the ring model), iterations, test accuracy; iterations pairwise needs to come "
-    "within 1 point",
-    full_duration="about 25 minutes on 2 otherwise idle cores (3,000 Fashion-MNIST images, "
-    "N = 2, 3, 4, 6, 3 epochs, pairwise again at 6 when short); --quick 2-3 minutes (N = 3)",
+    measures="2-6 namespaced hosts: allreduce (K=1, 2, 4 backward passes per step) vs "
+    "pairwise (gossip) weight averaging every 1 and 2 steps on Horovod process sets: bytes "
+    "per step on the veth links (beside the ring model), iterations, test accuracy; "
+    "iterations pairwise needs to come within 1 point",
+    full_duration="about an hour on 2 otherwise idle cores (3,000 Fashion-MNIST images, "
+    "N = 2, 3, 4, 6, 3 epochs, each pairwise cadence again at 6 when short); --quick 3-4 "
+    "minutes (N = 3: K = 1, 2, pairwise every 1, 2)",
     datasets=(DATASET,),
     run=run,
 )
