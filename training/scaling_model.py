@@ -5,7 +5,7 @@ it on points it was not fitted to, and predict images/s and scaling efficiency f
       │ fit (weighted least squares, every coefficient >= 0, relative errors)
       ▼
     t(N, S, B) = alpha + lam * 2(N-1) + 2(N-1)/N * S / (eta * B) + c / B   a link of B bytes/s
-    t(N, S)    = alpha + lam * 2(N-1) + N * 2(N-1)/N * S / machine          no rate limit
+    t(N, S)    = alpha + lam * 2(N-1) + 2(N-1)/N * S / veth                 no rate limit
       │ predict (published per-GPU step times, 10/25/100 Gbit/s links)
       ▼
     step(N) = t_compute + allreduces * (alpha + lam * 2(N-1) + c / B) + 2(N-1)/N * S / (eta * B)
@@ -21,9 +21,13 @@ it on points it was not fitted to, and predict images/s and scaling efficiency f
   ``lam``: a cost per ring step (2(N-1) steps, each a message hop and a wake-up of a rank).
 - ``c``: bytes on the wire per allreduce besides its payload (Horovod's negotiation messages,
   Gloo's headers), which cost time only on a slow link (at 1 Mbit/s, 1 kB is 8 ms).
-- ``machine``: with no rate limit the namespaced hosts share this machine's CPU cores, so the
-  time goes with the bytes *all* ranks send, N * 2(N-1)/N * S, over what the machine moves
-  per second: a property of the machine, not of a network; fitted, never predicted with.
+- ``veth``: with no rate limit a rank's link is a veth pair whose rate is what this machine's
+  CPUs make of it (every segment through the kernel's stack, ranks waiting for a core), not a
+  network's: the same ring model with that rate an unknown, fitted; never predicted with.
+  The measurements chose it: each rank's payload rate stays about the same from N = 2 to 4
+  (quiet machine 250-320 Mbit/s, at load 12 145-230 Mbit/s), where a model of all ranks'
+  bytes through one shared machine rate (N * 2(N-1)/N * S / machine) would have N = 4 take
+  3 times N = 2's time; it took 1.65 times.
 
 Pure functions: no I/O, no Horovod.
 """
@@ -68,8 +72,8 @@ class Fit:
     overhead_bytes: float
     """Bytes on a rate-limited link per allreduce besides the payload (c)."""
     unlimited_bytes_per_second: float | None
-    """What all ranks together send per second with no rate limit, on this machine; None:
-    no unlimited points."""
+    """Payload bytes per second of one rank's unlimited veth link, on this machine (``veth``);
+    None: no unlimited points."""
     points: int
     """How many points it was fitted on."""
     eta_pair: float | None = None
@@ -98,7 +102,7 @@ def allreduce_seconds(fit: Fit, num_ranks: int, size: float, mbit: float | None)
     if mbit is None:
         if not fit.unlimited_bytes_per_second:
             raise ValueError("the fit has no unlimited-link throughput")
-        return latency + num_ranks * ring_bytes(num_ranks, size) / fit.unlimited_bytes_per_second
+        return latency + ring_bytes(num_ranks, size) / fit.unlimited_bytes_per_second
     share = fit.link_share(num_ranks)
     if not share:
         raise ValueError("the fit has no link efficiency (no rate-limited points)")
@@ -106,8 +110,8 @@ def allreduce_seconds(fit: Fit, num_ranks: int, size: float, mbit: float | None)
     return latency + ring_bytes(num_ranks, size) / (share * rate) + fit.overhead_bytes / rate
 
 
-# Columns of the fit: their coefficients are alpha, lam, 1/eta, 1/machine, c, 1/eta_pair.
-_ALPHA, _LAM, _ETA, _MACHINE, _OVERHEAD, _ETA_PAIR = range(6)
+# Columns of the fit: their coefficients are alpha, lam, 1/eta, 1/veth, c, 1/eta_pair.
+_ALPHA, _LAM, _ETA, _VETH, _OVERHEAD, _ETA_PAIR = range(6)
 
 
 def _features(point: Point, pair_apart: bool) -> list[float]:
@@ -116,7 +120,7 @@ def _features(point: Point, pair_apart: bool) -> list[float]:
     row[_LAM] = 2.0 * (point.num_ranks - 1)
     transfer = ring_bytes(point.num_ranks, point.bytes)
     if point.mbit is None:
-        row[_MACHINE] = point.num_ranks * transfer
+        row[_VETH] = transfer
         return row
     rate = link_bytes_per_second(point.mbit)
     row[_ETA_PAIR if pair_apart and point.num_ranks == 2 else _ETA] = transfer / rate
@@ -142,7 +146,7 @@ def fit(points: Sequence[Point]) -> Fit:
     weighted = features / seconds[:, None]
     target = np.ones(len(points))
     # Every bandwidth column the points have stays in: without it those points have none.
-    required = {c for c in (_ETA, _MACHINE, _ETA_PAIR) if features[:, c].any()}
+    required = {c for c in (_ETA, _VETH, _ETA_PAIR) if features[:, c].any()}
     optional = [c for c in (_ALPHA, _LAM, _OVERHEAD) if features[:, c].any()]
     best: tuple[float, Any] | None = None
     for count in range(len(optional) + 1):
@@ -169,7 +173,7 @@ def fit(points: Sequence[Point]) -> Fit:
         eta=inverse(_ETA),
         eta_pair=inverse(_ETA_PAIR) if pair_apart else None,
         overhead_bytes=float(found[_OVERHEAD]),
-        unlimited_bytes_per_second=inverse(_MACHINE),
+        unlimited_bytes_per_second=inverse(_VETH),
         points=len(points),
     )
 

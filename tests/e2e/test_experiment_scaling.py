@@ -75,7 +75,8 @@ def test_scaling_quick_measures_fits_and_predicts(
     unlimited = [r for r in rows if r["mbit"] is None]
     assert result["worst_error"] == pytest.approx(max(abs(r["error"]) for r in linked))
     machine = result["machine_fit"]
-    assert machine["all_ranks_mbit_per_second"] > 0
+    assert machine["veth_mbit_per_second"] > 0
+    assert machine["all_within"] == (machine["worst_error"] <= result["within"])
     assert machine["worst_error"] == pytest.approx(max(abs(r["error"]) for r in unlimited))
 
     # Predictions: every GPU, link and GPU count; efficiency = compute / step, consistent.

@@ -45,9 +45,9 @@ def test_allreduce_seconds_by_hand() -> None:
     seconds = scaling_model.allreduce_seconds(TRUE, 2, 1_000_000, 10.0)
     assert seconds == pytest.approx(1e6 / (0.95 * 1.25e6) + 2000 / 1.25e6 + 0.004 + 0.003)
     assert scaling_model.allreduce_seconds(TRUE, 1, 1_000_000, 10.0) == 0.0
-    # Unlimited: all ranks' bytes (4 x 12 MB) through what this machine moves per second.
+    # Unlimited: a rank's ring bytes (2 x 3/4 x 8 MB) over the fitted veth rate.
     assert scaling_model.allreduce_seconds(TRUE, 4, 8_000_000, None) == pytest.approx(
-        0.004 + 6 * 0.0015 + 4 * 12e6 / 40e6
+        0.004 + 6 * 0.0015 + 12e6 / 40e6
     )
 
 
