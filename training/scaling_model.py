@@ -5,7 +5,8 @@ it on points it was not fitted to, and predict images/s and scaling efficiency f
       │ fit (weighted least squares, every coefficient >= 0, relative errors)
       ▼
     t(N, S, B) = alpha + lam * 2(N-1) + 2(N-1)/N * S / (eta * B) + c / B   a link of B bytes/s
-    t(N, S)    = alpha + lam * 2(N-1) + 2(N-1)/N * S / veth                 no rate limit
+    t(N, S)    = alpha + lam * 2(N-1) + N * 2(N-1)/N * S / machine       no rate limit, N >= 3
+    t(2, S)    = alpha + lam * 2 + S / veth_pair                           no rate limit, N = 2
       │ predict (published per-GPU step times, 10/25/100 Gbit/s links)
       ▼
     step(N) = t_compute + allreduces * (alpha + lam * 2(N-1) + c / B) + 2(N-1)/N * S / (eta * B)
@@ -21,13 +22,14 @@ it on points it was not fitted to, and predict images/s and scaling efficiency f
   ``lam``: a cost per ring step (2(N-1) steps, each a message hop and a wake-up of a rank).
 - ``c``: bytes on the wire per allreduce besides its payload (Horovod's negotiation messages,
   Gloo's headers), which cost time only on a slow link (at 1 Mbit/s, 1 kB is 8 ms).
-- ``veth``: with no rate limit a rank's link is a veth pair whose rate is what this machine's
-  CPUs make of it (every segment through the kernel's stack, ranks waiting for a core), not a
-  network's: the same ring model with that rate an unknown, fitted; never predicted with.
-  The measurements chose it: each rank's payload rate stays about the same from N = 2 to 4
-  (quiet machine 250-320 Mbit/s, at load 12 145-230 Mbit/s), where a model of all ranks'
-  bytes through one shared machine rate (N * 2(N-1)/N * S / machine) would have N = 4 take
-  3 times N = 2's time; it took 1.65 times.
+- ``machine``: with no rate limit the namespaced hosts are not on a network but on this
+  machine's shared CPU cores (every segment through the kernel's stack). Three or more ranks
+  together move what the cores can: the time goes with the bytes *all* ranks send,
+  N * 2(N-1)/N * S, over what the machine moves per second. ``veth_pair``: two ranks stay
+  below that (each rank's one peer is both of its ring neighbours; measured on an idle machine:
+  2 ranks moved about 580 Mbit/s of payload in all, 3 and 4 ranks about 1 Gbit/s), so N = 2
+  has a per-rank rate of its own, fitted apart when points of both are given, as ``eta_pair``
+  is. Properties of the machine, not of a network: fitted, never predicted with.
 
 Pure functions: no I/O, no Horovod.
 """
@@ -72,12 +74,15 @@ class Fit:
     overhead_bytes: float
     """Bytes on a rate-limited link per allreduce besides the payload (c)."""
     unlimited_bytes_per_second: float | None
-    """Payload bytes per second of one rank's unlimited veth link, on this machine (``veth``);
-    None: no unlimited points."""
+    """What all ranks together send per second with no rate limit, on this machine
+    (``machine``; of every N when no ``veth_pair``); None: no unlimited points."""
     points: int
     """How many points it was fitted on."""
     eta_pair: float | None = None
     """Payload share of a rate-limited link for N = 2; None: ``eta`` holds for N = 2 too."""
+    veth_pair: float | None = None
+    """Payload bytes per second of each rank with no rate limit for N = 2; None: ``machine``
+    holds for N = 2 too."""
 
     def link_share(self, num_ranks: int) -> float | None:
         return self.eta_pair if num_ranks == 2 and self.eta_pair else self.eta
@@ -100,9 +105,11 @@ def allreduce_seconds(fit: Fit, num_ranks: int, size: float, mbit: float | None)
         return 0.0
     latency = fit.alpha + fit.lam * 2 * (num_ranks - 1)
     if mbit is None:
+        if num_ranks == 2 and fit.veth_pair:
+            return latency + ring_bytes(num_ranks, size) / fit.veth_pair
         if not fit.unlimited_bytes_per_second:
             raise ValueError("the fit has no unlimited-link throughput")
-        return latency + ring_bytes(num_ranks, size) / fit.unlimited_bytes_per_second
+        return latency + num_ranks * ring_bytes(num_ranks, size) / fit.unlimited_bytes_per_second
     share = fit.link_share(num_ranks)
     if not share:
         raise ValueError("the fit has no link efficiency (no rate-limited points)")
@@ -110,17 +117,22 @@ def allreduce_seconds(fit: Fit, num_ranks: int, size: float, mbit: float | None)
     return latency + ring_bytes(num_ranks, size) / (share * rate) + fit.overhead_bytes / rate
 
 
-# Columns of the fit: their coefficients are alpha, lam, 1/eta, 1/veth, c, 1/eta_pair.
-_ALPHA, _LAM, _ETA, _VETH, _OVERHEAD, _ETA_PAIR = range(6)
+# Columns of the fit: their coefficients are alpha, lam, 1/eta, 1/machine, c, 1/eta_pair,
+# 1/veth_pair.
+_ALPHA, _LAM, _ETA, _MACHINE, _OVERHEAD, _ETA_PAIR, _VETH_PAIR = range(7)
+_COLUMNS = 7
 
 
-def _features(point: Point, pair_apart: bool) -> list[float]:
-    row = [0.0] * 6
+def _features(point: Point, pair_apart: bool, veth_pair_apart: bool = False) -> list[float]:
+    row = [0.0] * _COLUMNS
     row[_ALPHA] = 1.0
     row[_LAM] = 2.0 * (point.num_ranks - 1)
     transfer = ring_bytes(point.num_ranks, point.bytes)
     if point.mbit is None:
-        row[_VETH] = transfer
+        if veth_pair_apart and point.num_ranks == 2:
+            row[_VETH_PAIR] = transfer
+        else:
+            row[_MACHINE] = point.num_ranks * transfer
         return row
     rate = link_bytes_per_second(point.mbit)
     row[_ETA_PAIR if pair_apart and point.num_ranks == 2 else _ETA] = transfer / rate
@@ -133,20 +145,23 @@ def fit(points: Sequence[Point]) -> Fit:
     of the optional coefficients whose unconstrained solution is non-negative: exact NNLS for
     so few).
 
-    ``eta_pair`` is fitted apart when the rate-limited points hold N = 2 and N >= 3; the
-    coefficients the points cannot tell (no limited or no unlimited points) are left None."""
+    ``eta_pair`` is fitted apart when the rate-limited points hold N = 2 and N >= 3, and
+    ``veth_pair`` when the unlimited ones do; the coefficients the points cannot tell (no
+    limited or no unlimited points) are left None."""
     if not points:
         raise ValueError("no points to fit")
     if any(p.seconds <= 0 or p.bytes <= 0 for p in points):
         raise ValueError("every point needs positive seconds and bytes")
     limited = [p for p in points if p.mbit is not None]
     pair_apart = {p.num_ranks == 2 for p in limited} == {True, False}
-    features = np.array([_features(p, pair_apart) for p in points])
+    unlimited = [p for p in points if p.mbit is None]
+    veth_pair_apart = {p.num_ranks == 2 for p in unlimited} == {True, False}
+    features = np.array([_features(p, pair_apart, veth_pair_apart) for p in points])
     seconds = np.array([p.seconds for p in points])
     weighted = features / seconds[:, None]
     target = np.ones(len(points))
     # Every bandwidth column the points have stays in: without it those points have none.
-    required = {c for c in (_ETA, _VETH, _ETA_PAIR) if features[:, c].any()}
+    required = {c for c in (_ETA, _MACHINE, _ETA_PAIR, _VETH_PAIR) if features[:, c].any()}
     optional = [c for c in (_ALPHA, _LAM, _OVERHEAD) if features[:, c].any()]
     best: tuple[float, Any] | None = None
     for count in range(len(optional) + 1):
@@ -155,7 +170,7 @@ def fit(points: Sequence[Point]) -> Fit:
             solution, *_ = np.linalg.lstsq(weighted[:, columns], target, rcond=None)
             if (solution < 0).any():
                 continue
-            coefficients = np.zeros(6)
+            coefficients = np.zeros(_COLUMNS)
             coefficients[columns] = solution
             residual = float(np.sum((weighted @ coefficients - target) ** 2))
             if best is None or residual < best[0] - 1e-15:
@@ -173,7 +188,8 @@ def fit(points: Sequence[Point]) -> Fit:
         eta=inverse(_ETA),
         eta_pair=inverse(_ETA_PAIR) if pair_apart else None,
         overhead_bytes=float(found[_OVERHEAD]),
-        unlimited_bytes_per_second=inverse(_VETH),
+        unlimited_bytes_per_second=inverse(_MACHINE),
+        veth_pair=inverse(_VETH_PAIR) if veth_pair_apart else None,
         points=len(points),
     )
 

@@ -75,7 +75,9 @@ def test_scaling_quick_measures_fits_and_predicts(
     unlimited = [r for r in rows if r["mbit"] is None]
     assert result["worst_error"] == pytest.approx(max(abs(r["error"]) for r in linked))
     machine = result["machine_fit"]
-    assert machine["veth_mbit_per_second"] > 0
+    assert machine["all_ranks_mbit_per_second"] > 0
+    # One host count: one rate for every N (no pair rate of its own).
+    assert machine["pair_mbit_per_second"] is None
     assert machine["all_within"] == (machine["worst_error"] <= result["within"])
     assert machine["worst_error"] == pytest.approx(max(abs(r["error"]) for r in unlimited))
 

@@ -45,9 +45,17 @@ def test_allreduce_seconds_by_hand() -> None:
     seconds = scaling_model.allreduce_seconds(TRUE, 2, 1_000_000, 10.0)
     assert seconds == pytest.approx(1e6 / (0.95 * 1.25e6) + 2000 / 1.25e6 + 0.004 + 0.003)
     assert scaling_model.allreduce_seconds(TRUE, 1, 1_000_000, 10.0) == 0.0
-    # Unlimited: a rank's ring bytes (2 x 3/4 x 8 MB) over the fitted veth rate.
+    # Unlimited: all ranks' bytes (4 x 12 MB) through what this machine moves per second.
     assert scaling_model.allreduce_seconds(TRUE, 4, 8_000_000, None) == pytest.approx(
-        0.004 + 6 * 0.0015 + 12e6 / 40e6
+        0.004 + 6 * 0.0015 + 4 * 12e6 / 40e6
+    )
+    # ... but for a pair with a rate of its own: its ring bytes (8 MB) at that rate.
+    pair = Fit(**{**TRUE.__dict__, "veth_pair": 10e6})
+    assert scaling_model.allreduce_seconds(pair, 2, 8_000_000, None) == pytest.approx(
+        0.004 + 2 * 0.0015 + 8e6 / 10e6
+    )
+    assert scaling_model.allreduce_seconds(pair, 3, 8_000_000, None) == pytest.approx(
+        scaling_model.allreduce_seconds(TRUE, 3, 8_000_000, None)
     )
 
 
@@ -60,6 +68,8 @@ def test_the_fit_recovers_the_parameters_that_made_the_points() -> None:
     # N = 2 and N >= 3 are rate-limited here: the pair's share is fitted apart (and equal).
     assert fitted.eta_pair == pytest.approx(TRUE.eta, rel=1e-6)
     assert fitted.unlimited_bytes_per_second == pytest.approx(40e6, rel=1e-6)
+    # So is the unlimited pair's rate: half the machine's, each of the two ranks.
+    assert fitted.veth_pair == pytest.approx(20e6, rel=1e-6)
     assert fitted.points == len(_points(TRUE))
 
 
@@ -187,3 +197,25 @@ def test_two_ranks_get_a_link_share_of_their_own() -> None:
     # With only two ranks measured there is one share for all.
     only_pairs = scaling_model.fit([p for p in points if p.num_ranks == 2])
     assert only_pairs.eta_pair is None and only_pairs.eta == pytest.approx(0.92, rel=1e-6)
+
+
+def test_two_ranks_get_an_unlimited_rate_of_their_own() -> None:
+    # Measured on an idle machine: 2 ranks about 290 Mbit/s each, 3-4 ranks 1 Gbit/s in all.
+    truth = Fit(
+        alpha=0.0, lam=0.002, eta=None, overhead_bytes=0.0,
+        unlimited_bytes_per_second=125e6, veth_pair=36e6, points=0,
+    )  # fmt: skip
+    points = [
+        Point(num_ranks=p.num_ranks, mbit=None, bytes=p.bytes,
+              seconds=scaling_model.allreduce_seconds(truth, p.num_ranks, p.bytes, None))
+        for p in _points(TRUE)
+        if p.mbit is None
+    ]  # fmt: skip
+    fitted = scaling_model.fit(points)
+    assert fitted.unlimited_bytes_per_second == pytest.approx(125e6, rel=1e-6)
+    assert fitted.veth_pair == pytest.approx(36e6, rel=1e-6)
+    assert fitted.lam == pytest.approx(0.002, rel=1e-6)
+    # With only two ranks measured there is one rate for all: the machine's, twice each rank's.
+    only_pairs = scaling_model.fit([p for p in points if p.num_ranks == 2])
+    assert only_pairs.veth_pair is None
+    assert only_pairs.unlimited_bytes_per_second == pytest.approx(72e6, rel=1e-6)

@@ -286,9 +286,8 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     compute = _measure_compute(sizing, pipeline)
     runs = _measure_allreduce(sizing, pipeline)
     points = _points(runs)
-    # Rate-limited links and the unlimited veth are fitted apart: unlimited, the link's rate
-    # is what the machine's shared CPU cores make of a veth (an unknown, fitted), and its
-    # latencies are CPU scheduling, not a network's.
+    # Rate-limited links and the unlimited veth are fitted apart: unlimited, the hosts share
+    # this machine's CPU cores (its rates and latencies are the CPUs', not a network's).
     fitted, checked = scaling_model.split_for_check([p for p in points if p.mbit is not None])
     machine_fitted, machine_checked = scaling_model.split_for_check(
         [p for p in points if p.mbit is None]
@@ -338,7 +337,8 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         else {
             "alpha_seconds": machine.alpha,
             "lam_seconds": machine.lam,
-            "veth_mbit_per_second": (machine.unlimited_bytes_per_second or 0) * 8 / 1e6,
+            "all_ranks_mbit_per_second": (machine.unlimited_bytes_per_second or 0) * 8 / 1e6,
+            "pair_mbit_per_second": machine.veth_pair * 8 / 1e6 if machine.veth_pair else None,
             "fitted_points": len(machine_fitted),
             "checked_points": len(machine_checked),
             "worst_error": max(abs(r["error"]) for r in unlimited),
@@ -492,8 +492,14 @@ def render(result: dict[str, Any]) -> str:
         "no unlimited points"
         if machine_fit is None
         else f"alpha {1000 * machine_fit['alpha_seconds']:.2f} ms, lam "
-        f"{1000 * machine_fit['lam_seconds']:.3f} ms, veth "
-        f"{machine_fit['veth_mbit_per_second']:.0f} Mbit/s of payload per rank; worst error "
+        f"{1000 * machine_fit['lam_seconds']:.3f} ms, all ranks together "
+        f"{machine_fit['all_ranks_mbit_per_second']:.0f} Mbit/s"
+        + (
+            f", each of 2 ranks {machine_fit['pair_mbit_per_second']:.0f} Mbit/s"
+            if machine_fit.get("pair_mbit_per_second")
+            else ""
+        )
+        + "; worst error "
         f"**{100 * machine_fit['worst_error']:.1f} %** over its {len(unlimited_rows)} points"
         + (
             f" ({100 * machine_fit['worst_error_checked']:.1f} % on the held-out ones)"
@@ -628,14 +634,16 @@ agree with each other; the predictions use eta, the share of a ring of three or 
 - {checked_line}
 - worst error over every rate-limited point, fitted or not:
   **{100 * result["worst_error"]:.1f} %**; all within {100 * result["within"]:.0f} %: {within}
-- With no rate limit a rank's link is a bare veth whose rate is what this machine's {
+- With no rate limit the namespaced hosts are not on a network but on this machine's {
         machine["cores"]
-    } shared cores make of it (every segment through the kernel, ranks waiting for a core),
-  not a network's. The same ring model, t = alpha + lam · 2(N-1) + 2(N-1)/N · S / veth,
-  with the veth rate an unknown, fitted apart (same split): {machine_lines}; all within {
-        100 * result["within"]:.0f} %: {unlimited_within}. These points are CPU-bound and as
-  noisy as the machine's load (see the repeats in results.json); they are not used for the
-  predictions.
+    } shared cores (every segment through the kernel): three or more ranks together move what
+  the cores can, so the time goes with the bytes all ranks send (N · 2(N-1)/N · S) over what
+  the machine moves per second; two ranks stay below that (each rank's one peer is both its
+  ring neighbours) and get a per-rank rate of their own (S / rate), as eta_pair above. Fitted
+  apart (same split): {machine_lines}; all within {100 * result["within"]:.0f} %: {
+        unlimited_within
+    }. These points are CPU-bound and as noisy as the machine's load (see the repeats in
+  results.json); they are not used for the predictions.
 
 ![measured vs modelled allreduce time](allreduce_fit.png)
 
