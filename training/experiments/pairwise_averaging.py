@@ -385,7 +385,8 @@ def render(result: dict[str, Any]) -> str:
     fewer = []
     for n in sorted({r["num_ranks"] for r in rows}):
         ar = next(r for r in rows if r["num_ranks"] == n and r["variant"] == "allreduce K=1")
-        first = {}  # each cadence's run with allreduce's epochs (the first made)
+        # Each cadence's run with allreduce's epochs (the first made).
+        first: dict[int, dict[str, Any]] = {}
         for r in rows:
             if r["num_ranks"] == n and r["sync"] == "pairwise":
                 first.setdefault(r["average_every"], r)
