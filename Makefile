@@ -96,7 +96,7 @@ demo: setup
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy data_catalog preprocessing training flows
+	$(VENV)/bin/mypy data_catalog preprocessing training lab flows
 
 test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) $(DOCKER_COMPOSE) $(SSHD) $(SLURMD) postgres-server lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q

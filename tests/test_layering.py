@@ -1,5 +1,7 @@
 """The layers stay layers: libraries never import Prefect, data_catalog imports no other
-package, training does not import preprocessing, and no package imports another in a circle."""
+package, training does not import preprocessing, the lab (experiments, probes, benches, test
+hosts) sits between the flows and the libraries and no library imports it, and no package
+imports another in a circle."""
 
 from __future__ import annotations
 
@@ -11,14 +13,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("data_catalog", "preprocessing", "training", "flows")
+PACKAGES = ("data_catalog", "preprocessing", "training", "lab", "flows")
 # Which packages each may import (itself always).
 ALLOWED = {
     "data_catalog": set(),
     "preprocessing": {"data_catalog"},
     "training": {"data_catalog"},
-    "flows": {"data_catalog", "preprocessing", "training"},
+    "lab": {"data_catalog", "preprocessing", "training"},
+    "flows": {"data_catalog", "preprocessing", "training", "lab"},
 }
+# What only the lab holds: no library keeps an experiment, a probe or a benchmark.
+LAB_ONLY = ("experiments", "netns", "allreduce_probe", "step_probe", "scaling_model", "bench")
 
 
 def _imports(path: Path) -> set[str]:
@@ -48,6 +53,29 @@ def test_packages_import_only_the_layers_below() -> None:
                 if top in ("prefect", "prefect_dask") and package != "flows":
                     wrong.append(f"{path.relative_to(ROOT)} imports {name}")
     assert wrong == []
+
+
+def test_the_libraries_import_no_lab_module() -> None:
+    """Core never imports the lab, not even inside a function (torchtitan keeps its
+    experiments optional the same way)."""
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for package in ("data_catalog", "preprocessing", "training")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] == "lab"
+    ]
+    assert wrong == []
+
+
+def test_the_libraries_hold_no_lab_module() -> None:
+    found = [
+        str(path.relative_to(ROOT))
+        for package in ("preprocessing", "training")
+        for path in (ROOT / package).iterdir()
+        if path.stem in LAB_ONLY
+    ]
+    assert found == []
 
 
 def test_no_module_imports_itself_through_others() -> None:

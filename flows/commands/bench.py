@@ -28,7 +28,7 @@ def _side_lines(result: dict[str, Any]) -> list[str]:
 
 
 def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    from preprocessing.bench import bench_preprocess
+    from lab.bench.preprocessing import bench_preprocess
 
     result = bench_preprocess(
         ctx.settings.catalog(), args.dataset, rounds=args.rounds, progress=ctx.progress
@@ -40,7 +40,7 @@ def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any],
 
 
 def _ingest(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    from preprocessing.bench import bench_ingest
+    from lab.bench.preprocessing import bench_ingest
 
     result = bench_ingest(
         args.dataset, rows=args.rows, files=args.files, rounds=args.rounds, progress=ctx.progress
@@ -53,7 +53,7 @@ def _ingest(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], lis
 
 
 def _aggregation(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    from training import bench
+    from lab.bench import training as bench
 
     result = bench.bench_aggregation(
         ctx.settings.catalog(),
@@ -76,7 +76,7 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
 
 
 def _reader(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    from training import bench
+    from lab.bench import training as bench
 
     result = bench.bench_reader(
         ctx.settings.catalog(), args.dataset, progress=ctx.progress, **_sizes(args)
@@ -85,7 +85,7 @@ def _reader(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], lis
 
 
 def _scaling(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    from training import bench
+    from lab.bench import training as bench
 
     result = bench.bench_scaling(
         ctx.settings.catalog(), args.dataset, progress=ctx.progress, **_sizes(args)

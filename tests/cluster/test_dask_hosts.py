@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from data_catalog import Catalog, Manifest
-from training.netns import Host, Hosts
+from lab.netns import Host, Hosts
 
 pytestmark = pytest.mark.e2e
 

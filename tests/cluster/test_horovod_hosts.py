@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from data_catalog import Catalog
-from training.netns import Host, Hosts, Ssh, start_sshd
+from lab.netns import Host, Hosts, Ssh, start_sshd
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from training.netns import Hosts
+from lab.netns import Hosts
 
 pytestmark = pytest.mark.e2e
 

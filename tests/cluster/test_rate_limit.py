@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from training.netns import Hosts
+from lab.netns import Hosts
 
 pytestmark = pytest.mark.e2e
 

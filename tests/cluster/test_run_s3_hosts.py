@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from lab.netns import Host, Hosts, start_sshd
 from tests.data_catalog.test_s3 import CREDENTIALS
-from training.netns import Host, Hosts, start_sshd
 
 pytestmark = pytest.mark.e2e
 

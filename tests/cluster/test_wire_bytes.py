@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 from data_catalog import Catalog
-from training.netns import Hosts, Ssh, start_sshd
+from lab.netns import Hosts, Ssh, start_sshd
 
 pytestmark = pytest.mark.e2e
 

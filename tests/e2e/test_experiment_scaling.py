@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from lab import scaling_model
+from lab.experiments import scaling
 from tests.conftest import Result
-from training import scaling_model
-from training.experiments import scaling
 
 pytestmark = pytest.mark.e2e
 

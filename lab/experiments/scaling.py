@@ -9,8 +9,8 @@ SLURM; Horovod's ~90 % at 512 GPUs).
         V100/A100 ResNet-50 throughput on 10/25/100 Gbit/s links
     → report.md, results.json, efficiency.png, allreduce_fit.png
 
-It needs no dataset and no model version: it runs its own probes (training.allreduce_probe,
-training.step_probe) rather than ``shardflow train``.
+It needs no dataset and no model version: it runs its own probes (lab.allreduce_probe,
+lab.step_probe) rather than ``shardflow train``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training import scaling_model
-from training.allreduce_probe import Phase, run_on
-from training.experiments.base import Experiment, ExperimentRequest, Pipeline
-from training.experiments.report import markdown_table, write_results
-from training.netns import rank_hosts
+from lab import scaling_model
+from lab.allreduce_probe import Phase, run_on
+from lab.experiments.base import Experiment, ExperimentRequest, Pipeline
+from lab.experiments.report import markdown_table, write_results
+from lab.netns import rank_hosts
 
 NAME = "scaling"
 GPUS = (8, 16, 32, 64, 128, 256, 512)
@@ -146,7 +146,7 @@ def _measure_compute(sizing: Sizing, pipeline: Pipeline) -> dict[str, Any]:
     load_before, start = _load(), time.monotonic()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
-        [sys.executable, "-m", "training.step_probe", "resnet50", str(sizing.compute_side),
+        [sys.executable, "-m", "lab.step_probe", "resnet50", str(sizing.compute_side),
          str(sizing.compute_batch), str(sizing.compute_steps), str(sizing.compute_warmup)],
         capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         cwd=Path(__file__).resolve().parents[2],
@@ -583,7 +583,7 @@ step times are **quoted** from NVIDIA; the efficiencies at 8-512 GPUs are **mode
 
 ## Measured here: ResNet-50's step and gradient
 
-`python -m training.step_probe resnet50 {compute["side"]} {compute["batch_size"]} \
+`python -m lab.step_probe resnet50 {compute["side"]} {compute["batch_size"]} \
 {len(compute["seconds"])} ...` (1 rank, Keras ResNet50 of training/models.py, 1000 classes,
 SGD with momentum, random images of {compute["side"]} x {compute["side"]}, batch
 {compute["batch_size"]}, no allreduce):
@@ -600,11 +600,11 @@ SGD with momentum, random images of {compute["side"]} x {compute["side"]}, batch
 
 ## Measured here: allreduce time against link rate
 
-`training.allreduce_probe` under horovodrun (Gloo) on N = {
+`lab.allreduce_probe` under horovodrun (Gloo) on N = {
         ", ".join(str(r["num_hosts"]) for r in result["allreduce_runs"])
     } namespaced hosts, one rank per host, horovodrun in a head
 namespace reaching the ranks by ssh, `--network-interface eth0`. Each rank host's eth0 is
-limited by `tc qdisc replace dev eth0 root tbf` (training.netns `Host.rate_limit`: bucket of
+limited by `tc qdisc replace dev eth0 root tbf` (lab.netns `Host.rate_limit`: bucket of
 2 ms of the rate, queue of 100 ms; every segment framed on its own, `gso_max_segs 1`); "none"
 is the bare veth. A point is the median over its repeats of the slowest rank's time of one
 `hvd.allreduce` of float32 ones (each repeat after a barrier, after a warm-up allreduce).

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.experiments.base import Experiment, ExperimentRequest, Pipeline
+from lab.experiments.report import grouped_bars, markdown_table, write_results
 from training.config import TrainConfig
-from training.experiments.base import Experiment, ExperimentRequest, Pipeline
-from training.experiments.report import grouped_bars, markdown_table, write_results
 
 NAME = "hybrid-parallel"
 DATASET = "cifar10"

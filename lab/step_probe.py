@@ -1,10 +1,10 @@
 """Time one rank's training step of a model of training.models on random images, and count
-its gradient bytes: ``python -m training.step_probe MODEL SIDE BATCH STEPS WARMUP`` prints
+its gradient bytes: ``python -m lab.step_probe MODEL SIDE BATCH STEPS WARMUP`` prints
 one JSON line.
 
 The step is what a Horovod rank computes between allreduces (forward, loss, backward, SGD
 with momentum), with no allreduce: the compute half of the scaling model
-(training.scaling_model). Random inputs: the time does not depend on the pixels.
+(lab.scaling_model). Random inputs: the time does not depend on the pixels.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def measure(model_name: str, side: int, batch_size: int, steps: int, warmup: int
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 5:
-        print("usage: python -m training.step_probe MODEL SIDE BATCH STEPS WARMUP", file=sys.stderr)
+        print("usage: python -m lab.step_probe MODEL SIDE BATCH STEPS WARMUP", file=sys.stderr)
         return 2
     model, side, batch, steps, warmup = args[0], *(int(a) for a in args[1:])
     print(json.dumps(measure(model, side, batch, steps, warmup)), flush=True)

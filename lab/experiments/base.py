@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from data_catalog.errors import ConfigError
+from lab.netns import RankHosts
 from training.config import TrainConfig
-from training.netns import RankHosts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +63,7 @@ class Pipeline(Protocol):
         """Train on the latest processed version of ``dataset`` and commit the model version;
         returns the train stage's result (flows.results.train_result's shape).
 
-        ``on``: namespaced hosts (training.netns.rank_hosts): horovodrun runs in their head
+        ``on``: namespaced hosts (lab.netns.rank_hosts): horovodrun runs in their head
         and reaches the ranks by ssh (``config`` names the rank hosts:
         :meth:`RankHosts.train_options`); None: horovodrun here, ranks on this host."""
         ...

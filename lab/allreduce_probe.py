@@ -1,10 +1,10 @@
 """Time ``hvd.allreduce`` of float32 tensors across the ranks of a horovodrun, phase by phase.
 
     horovodrun -np N -H w1:1,...,wN:1 --network-interface eth0 --gloo \\
-        python -m training.allreduce_probe PLAN.json
+        python -m lab.allreduce_probe PLAN.json
     │  every rank: hvd.init(); for each phase of the plan:
     │    (with a control folder) rank 0 writes ready-<k>, waits for go-<k>: whoever runs the
-    │    probe changes the network between phases (training.netns: Host.rate_limit)
+    │    probe changes the network between phases (lab.netns: Host.rate_limit)
     │    for each size: warm-up allreduces, then repeats of [barrier, timed allreduce]
     ▼
 rank 0 writes the plan's ``out`` (JSON): per phase and size, every rank's seconds per repeat,
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.netns import RankHosts
+    from lab.netns import RankHosts
 
 # How long rank 0 waits for whoever runs the probe to say "go" for a phase.
 GO_TIMEOUT_SECONDS = 600.0
@@ -124,7 +124,7 @@ def run_on(
          "-np", str(num_ranks), "-H", options["hosts"], "--network-interface", "eth0",
          "--ssh-port", str(options["ssh_port"]), "--ssh-identity-file",
          options["ssh_identity_file"], "--disable-cache", "--gloo",
-         sys.executable, "-m", "training.allreduce_probe", str(plan_path)]
+         sys.executable, "-m", "lab.allreduce_probe", str(plan_path)]
     )  # fmt: skip
     env = {
         **os.environ,
@@ -176,7 +176,7 @@ def run_on(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m training.allreduce_probe PLAN.json", file=sys.stderr)
+        print("usage: python -m lab.allreduce_probe PLAN.json", file=sys.stderr)
         return 2
     plan = Plan.read(Path(args[0]))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

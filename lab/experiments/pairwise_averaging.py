@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
+from lab.experiments.report import grouped_bars, markdown_table, write_results
+from lab.netns import rank_hosts
 from training.config import TrainConfig
-from training.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
-from training.experiments.report import grouped_bars, markdown_table, write_results
-from training.netns import rank_hosts
 
 NAME = "pairwise-averaging"
 DATASET = "fashion-mnist"

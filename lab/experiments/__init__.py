@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from training.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
+from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
 
 __all__ = ["EXPERIMENTS", "Experiment", "ExperimentRequest", "Pipeline", "Sample", "experiment"]
 
 # Modules of this package that hold the shared machinery, not an experiment.
-_MACHINERY = frozenset({"base", "report"})
+_MACHINERY = frozenset({"base", "report", "sources"})
 
 
 def _discover() -> dict[str, Experiment]:

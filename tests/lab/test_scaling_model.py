@@ -1,4 +1,4 @@
-"""training.scaling_model: the ring allreduce model, its fit and its predictions, on points
+"""lab.scaling_model: the ring allreduce model, its fit and its predictions, on points
 made by the model itself (so the truth is known) and on hand-worked cases."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from training import scaling_model
-from training.scaling_model import Fit, Point
+from lab import scaling_model
+from lab.scaling_model import Fit, Point
 
 TRUE = Fit(
     alpha=0.004,

@@ -1,5 +1,5 @@
 """Hosts on one machine: Linux network namespaces joined by a bridge (docs/cluster.md,
-shared CLUSTER.md). The cluster tests and the multi-host experiments (training.experiments)
+shared CLUSTER.md). The cluster tests and the multi-host experiments (lab.experiments)
 run on them; it needs root, ``ip`` (iproute2) and, for Horovod across hosts, Debian's sshd.
 
     root namespace: bridge br<id> (no address: the root namespace has no route to the hosts)

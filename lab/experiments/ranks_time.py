@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
+from lab.experiments.report import markdown_table, write_results
+from lab.netns import rank_hosts
 from training.config import TrainConfig
-from training.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
-from training.experiments.report import markdown_table, write_results
-from training.netns import rank_hosts
 
 NAME = "ranks-time"
 RANKS = (1, 2, 4)
