@@ -1,9 +1,9 @@
 """The one place that maps configuration fields to command-line flags.
 
 Every option of a stage is a field of its config dataclass (``ClusterConfig``, ``JobOptions``
-and ``PlanConfig``, ``TrainConfig``, ``SkyServerOptions``, ``IngestRequest``,
-``SynthRequest``); its default is the dataclass's, its flag is declared here once, and a
-:class:`~data_catalog.errors.ConfigError` naming the field is shown with the flag
+and ``PlanConfig``, ``TrainConfig`` and ``LaunchConfig``, ``SkyServerOptions``,
+``IngestRequest``, ``SynthRequest``); its default is the dataclass's, its flag is declared here
+once, and a :class:`~data_catalog.errors.ConfigError` naming the field is shown with the flag
 (``num_ranks`` → ``--np``).
 """
 
@@ -53,8 +53,8 @@ class Flag:
     default_help: str | None = None
     """What the help says of the default, when the value alone would not tell."""
     environment_default: Callable[[Mapping[str, Any], Mapping[str, str]], Any] | None = None
-    """When the flag is not given: its value from the other flags' values and the
-    environment, or None for the config's default."""
+    """When the flag is not given: its value from the other flags' values (of every group)
+    and the environment, or None for the config's default."""
 
 
 def _slurm_num_ranks(values: Mapping[str, Any], environ: Mapping[str, str]) -> int | None:
@@ -69,7 +69,7 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
     from preprocessing.config import ClusterConfig, JobOptions, usable_cores
     from preprocessing.datasets import DATASETS, IngestRequest, SkyServerOptions, SynthRequest
     from preprocessing.plan import PlanConfig
-    from training.config import TrainConfig
+    from training.config import LaunchConfig, TrainConfig
     from training.models import MODELS
 
     return {
@@ -287,6 +287,73 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                 ),
                 Flag(field="seed", flag="--seed", type=whole_number, help="random seed"),
                 Flag(
+                    field="backward_passes_per_step",
+                    flag="--backward-passes-per-step",
+                    type=whole_number,
+                    metavar="K",
+                    help="sum gradients of K local batches before each allreduce: K times "
+                    "less traffic",
+                ),
+                Flag(
+                    field="compression",
+                    flag="--compression",
+                    choices=("none", "fp16"),
+                    help="compress gradients for allreduce",
+                ),
+                Flag(
+                    field="sync",
+                    flag="--sync",
+                    choices=("allreduce", "pairwise"),
+                    help="allreduce: every step, every rank's gradients averaged (one model); "
+                    "pairwise: no gradient allreduce, each rank steps on its own gradients and "
+                    "every --average-every steps averages its weights (BN statistics included; "
+                    "Adam's moments stay local) with one partner, partners rotating so that "
+                    "over N-1 rounds (N odd: N, one rank sitting out each) every rank meets "
+                    "every other. Each average sends about the model's size per rank, whatever "
+                    "N (allreduce: 2(N-1)/N of it); the committed model is the mean of all "
+                    "ranks' at the end (one allreduce). Usually needs more epochs for the same "
+                    "accuracy",
+                ),
+                Flag(
+                    field="average_every",
+                    flag="--average-every",
+                    type=whole_number,
+                    metavar="K",
+                    help="with --sync pairwise: steps between two pairwise averages (K times "
+                    "fewer bytes, ranks drift further apart in between)",
+                ),
+                Flag(
+                    field="augment",
+                    flag="--augment",
+                    switch=True,
+                    help="random shifts of up to 2 pixels while training, for small training sets",
+                ),
+                Flag(
+                    field="model_stages",
+                    flag="--model-stages",
+                    type=whole_number,
+                    metavar="N",
+                    help="hybrid parallelism: split the model (cnn, mobilenetv2) into N "
+                    "consecutive stages of about equal FLOPs, stage i on the rank's device i "
+                    "(GPUs when a rank sees N, else N logical CPU devices); Horovod still "
+                    "averages gradients across ranks. 1: data parallelism alone",
+                ),
+                Flag(
+                    field="micro_batches",
+                    flag="--micro-batches",
+                    type=whole_number,
+                    metavar="M",
+                    help="with --model-stages: split each rank's batch into M micro-batches "
+                    "that flow through the stages one after another, so that stage 2 works on "
+                    "one while stage 1 works on the next (GPipe); M must divide --batch-size. "
+                    "Same maths as one batch, except that BatchNorm normalises per micro-batch",
+                ),
+            ),
+        ),
+        "launch": (
+            LaunchConfig,
+            (
+                Flag(
                     field="hosts",
                     flag="--hosts",
                     metavar="HOST:SLOTS,...",
@@ -344,42 +411,6 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     "of --hosts; --np defaults to its task count",
                 ),
                 Flag(
-                    field="backward_passes_per_step",
-                    flag="--backward-passes-per-step",
-                    type=whole_number,
-                    metavar="K",
-                    help="sum gradients of K local batches before each allreduce: K times "
-                    "less traffic",
-                ),
-                Flag(
-                    field="compression",
-                    flag="--compression",
-                    choices=("none", "fp16"),
-                    help="compress gradients for allreduce",
-                ),
-                Flag(
-                    field="sync",
-                    flag="--sync",
-                    choices=("allreduce", "pairwise"),
-                    help="allreduce: every step, every rank's gradients averaged (one model); "
-                    "pairwise: no gradient allreduce, each rank steps on its own gradients and "
-                    "every --average-every steps averages its weights (BN statistics included; "
-                    "Adam's moments stay local) with one partner, partners rotating so that "
-                    "over N-1 rounds (N odd: N, one rank sitting out each) every rank meets "
-                    "every other. Each average sends about the model's size per rank, whatever "
-                    "N (allreduce: 2(N-1)/N of it); the committed model is the mean of all "
-                    "ranks' at the end (one allreduce). Usually needs more epochs for the same "
-                    "accuracy",
-                ),
-                Flag(
-                    field="average_every",
-                    flag="--average-every",
-                    type=whole_number,
-                    metavar="K",
-                    help="with --sync pairwise: steps between two pairwise averages (K times "
-                    "fewer bytes, ranks drift further apart in between)",
-                ),
-                Flag(
                     field="resume",
                     flag="--resume",
                     switch=True,
@@ -396,36 +427,10 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     default_help="0: at epoch ends only",
                 ),
                 Flag(
-                    field="augment",
-                    flag="--augment",
-                    switch=True,
-                    help="random shifts of up to 2 pixels while training, for small training sets",
-                ),
-                Flag(
                     field="timeline",
                     flag="--timeline",
                     switch=True,
                     help="record Horovod's timeline (chrome://tracing JSON) in the run directory",
-                ),
-                Flag(
-                    field="model_stages",
-                    flag="--model-stages",
-                    type=whole_number,
-                    metavar="N",
-                    help="hybrid parallelism: split the model (cnn, mobilenetv2) into N "
-                    "consecutive stages of about equal FLOPs, stage i on the rank's device i "
-                    "(GPUs when a rank sees N, else N logical CPU devices); Horovod still "
-                    "averages gradients across ranks. 1: data parallelism alone",
-                ),
-                Flag(
-                    field="micro_batches",
-                    flag="--micro-batches",
-                    type=whole_number,
-                    metavar="M",
-                    help="with --model-stages: split each rank's batch into M micro-batches "
-                    "that flow through the stages one after another, so that stage 2 works on "
-                    "one while stage 1 works on the next (GPipe); M must divide --batch-size. "
-                    "Same maths as one batch, except that BatchNorm normalises per micro-batch",
                 ),
                 Flag(
                     field="threads_per_rank",
@@ -561,7 +566,8 @@ def build(
         if flag.environment_default is None or values.get(flag.field) is not None:
             continue
         values.pop(flag.field, None)
-        chosen = flag.environment_default(values, environ)
+        # The other groups' flags too: --np's default follows --launcher (group "launch").
+        chosen = flag.environment_default({**vars(args), **values}, environ)
         if chosen is not None:
             values[flag.field] = chosen
     return cls(**values, **fixed)

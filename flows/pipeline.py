@@ -41,7 +41,7 @@ from preprocessing import datasets
 from preprocessing.config import DEFAULT_MEMORY_LIMIT, ClusterConfig, JobOptions, usable_cores
 from preprocessing.datasets import IngestRequest, SkyServerOptions
 from preprocessing.driver import PassProgress, Result, Runner, TaskSpec, dask_runner
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
 
 
 # Prefect's artifact functions are "sync compatible": typed as returning a value or a coroutine,
@@ -314,18 +314,23 @@ def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | Non
 
 
 @task(name="horovodrun")
-def train_task(settings: Settings, dataset: str, config: TrainConfig) -> dict[str, Any]:
-    return stages.train(settings, dataset, config, progress=get_run_logger().info)
+def train_task(
+    settings: Settings, dataset: str, config: TrainConfig, launch: LaunchConfig
+) -> dict[str, Any]:
+    return stages.train(settings, dataset, config, launch, progress=get_run_logger().info)
 
 
 @flow(name="shardflow-train")
 def train_flow(
-    dataset: str, home: str | None = None, config: TrainConfig | None = None
+    dataset: str,
+    home: str | None = None,
+    config: TrainConfig | None = None,
+    launch: LaunchConfig | None = None,
 ) -> dict[str, Any]:
-    """Train on the latest processed version with horovodrun; commit the model (the
-    dataset's default model unless ``config`` names one)."""
+    """Train on the latest processed version with horovodrun, where and how ``launch`` says;
+    commit the model (the dataset's default model unless ``config`` names one)."""
     settings = _start(dataset, home)
-    result = train_task(settings, dataset, config or TrainConfig())
+    result = train_task(settings, dataset, config or TrainConfig(), launch or LaunchConfig())
     _train_artifacts(result)
     _input_artifacts(settings, result)
     return result
@@ -432,6 +437,7 @@ def pipeline(
     memory_limit: str = DEFAULT_MEMORY_LIMIT,
     options: JobOptions | None = None,
     train: TrainConfig | None = None,
+    launch: LaunchConfig | None = None,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a flow run of its own under this one."""
     settings = _start(dataset, home)
@@ -453,7 +459,7 @@ def pipeline(
         memory_limit=memory_limit,
         options=options,
     )
-    trained = train_flow(dataset=dataset, home=home, config=train)
+    trained = train_flow(dataset=dataset, home=home, config=train, launch=launch)
     return {
         **trained,
         "raw_version": raw["version"],

@@ -21,7 +21,7 @@ from preprocessing import datasets, jobs
 from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import IngestRequest
 from preprocessing.driver import OnProgress, PassProgress, RunnerFactory, dask_runner, run_job
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
 
 Progress = Callable[[str], None]
 OnEpoch = Callable[[dict[str, Any]], None]
@@ -186,11 +186,13 @@ def train(
     settings: Settings,
     dataset: str,
     config: TrainConfig,
+    launch: LaunchConfig,
     *,
     progress: Progress,
     on_epoch: OnEpoch | None = None,
 ) -> dict[str, Any]:
-    """Train on the latest processed version with horovodrun; commit the model.
+    """Train on the latest processed version with horovodrun, as ``launch`` says; commit the
+    model.
 
     ``on_epoch`` receives every rank's input figures after each epoch, while training runs;
     by default, inside a Prefect run, they become a new version of a table artifact per epoch
@@ -207,6 +209,7 @@ def train(
         settings.catalog(),
         dataset,
         config=config,
+        launch=launch,
         runs_dir=settings.runs_dir,
         progress=EpochWatch(progress, on_epoch) if on_epoch is not None else progress,
     )

@@ -118,12 +118,12 @@ def run_on(
     out = folder / "probe.json"
     plan = Plan(phases=tuple(p for _, p in phases), out=str(out), control=str(control))
     plan_path = plan.write(folder / "plan.json")
-    options = hosts.train_options(num_ranks)
+    launch = hosts.launch_config(num_ranks)
     command = hosts.head.command(
         [sys.executable, "-m", "training.horovodrun", "--parent", str(os.getpid()),
-         "-np", str(num_ranks), "-H", options["hosts"], "--network-interface", "eth0",
-         "--ssh-port", str(options["ssh_port"]), "--ssh-identity-file",
-         options["ssh_identity_file"], "--disable-cache", "--gloo",
+         "-np", str(num_ranks), "-H", str(launch.hosts), "--network-interface", "eth0",
+         "--ssh-port", str(launch.ssh_port), "--ssh-identity-file",
+         str(launch.ssh_identity_file), "--disable-cache", "--gloo",
          sys.executable, "-m", "lab.allreduce_probe", str(plan_path)]
     )  # fmt: skip
     env = {

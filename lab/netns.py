@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.config import LaunchConfig
+
 NETNS_ETC = Path("/etc/netns")
 
 
@@ -282,19 +284,19 @@ class RankHosts:
     def head(self) -> Host:
         return self.hosts["head"]
 
-    def train_options(self, num_ranks: int) -> dict[str, Any]:
-        """TrainConfig fields that put ``num_ranks`` ranks on the first ``num_ranks`` rank
-        hosts, talking over eth0, one rank per host."""
+    def launch_config(self, num_ranks: int, *, threads_per_rank: int = 0) -> LaunchConfig:
+        """The launch that puts ``num_ranks`` ranks on the first ``num_ranks`` rank hosts,
+        talking over eth0, one rank per host."""
         if not 1 <= num_ranks <= len(self.rank_names):
             raise ValueError(f"{num_ranks} ranks on {len(self.rank_names)} rank hosts")
-        return {
-            "num_ranks": num_ranks,
-            "hosts": ",".join(f"{name}:1" for name in self.rank_names[:num_ranks]),
-            "network_interface": "eth0",
-            "ssh_port": self.ssh.port,
-            "ssh_identity_file": str(self.ssh.identity),
-            "disable_cache": True,
-        }
+        return LaunchConfig(
+            hosts=",".join(f"{name}:1" for name in self.rank_names[:num_ranks]),
+            network_interface="eth0",
+            ssh_port=self.ssh.port,
+            ssh_identity_file=str(self.ssh.identity),
+            disable_cache=True,
+            threads_per_rank=threads_per_rank,
+        )
 
     def bytes_sent(self) -> dict[str, int]:
         """Bytes each rank host has sent on its link so far (its veth counter)."""

@@ -1,8 +1,11 @@
-"""What a user chooses about a training run.
+"""What a user chooses about a training run, in two parts.
 
-:class:`TrainConfig` is frozen and keyword-only, validated at construction, and raises
-:class:`~data_catalog.errors.ConfigError` naming the field (the CLI shows it as its flag).
-Every field is part of the model version's identity except :data:`EXECUTION_ONLY`.
+:class:`TrainConfig` is what is computed: every field changes the model's bytes and is part of
+the model version's identity (:meth:`TrainConfig.parameters`). :class:`LaunchConfig` is where
+and how the ranks run it (hosts, controller, checkpoints, threads): never part of the identity.
+Both are frozen and keyword-only, validated at construction, and raise
+:class:`~data_catalog.errors.ConfigError` naming the field (the CLI shows it as its flag);
+:func:`check_launch` refuses a launch its configuration cannot take.
 """
 
 from __future__ import annotations
@@ -29,29 +32,32 @@ IDENTITY_SINCE: dict[str, Any] = {
     "model_stages": 1,
     "micro_batches": 1,
 }
-# Fields that change how a run executes, not what it computes: not part of the version id.
-EXECUTION_ONLY = (
-    "hosts",
-    "hostfile",
-    "network_interface",
-    "ssh_port",
-    "ssh_identity_file",
-    "disable_cache",
-    "controller",
-    "launcher",
-    "resume",
-    "checkpoint_every",
-    "timeline",
-    "threads_per_rank",
-)
+
+
+def _check_minimums(config: object, minimums: dict[str, int]) -> None:
+    for name, minimum in minimums.items():
+        value = getattr(config, name)
+        # bool is an int subclass; True is no rank count.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(name, f"must be a whole number, got {value!r}")
+        if value < minimum:
+            raise ConfigError(name, f"must be at least {minimum}, got {value}")
+
+
+def _check_choices(config: object, choices: dict[str, tuple[str, ...]]) -> None:
+    for name, known in choices.items():
+        value = getattr(config, name)
+        if value not in known:
+            raise ConfigError(name, f"must be one of {', '.join(known)}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """How to train, and where the ranks run."""
+    """What training computes: every field is part of the model version's identity."""
 
     num_ranks: int = 2
-    """Horovod ranks (``horovodrun -np``)."""
+    """Horovod ranks (``horovodrun -np``): the global batch and the learning rate scale with
+    it."""
     epochs: int = 3
     """Passes over the training split."""
     batch_size: int = 32
@@ -79,6 +85,106 @@ class TrainConfig:
     """With ``sync`` pairwise: steps between two pairwise averages."""
     augment: bool = False
     """Random shifts of up to 2 pixels while training: for small training sets."""
+    model_stages: int = 1
+    """Model parallelism within a rank: the model split into this many consecutive stages,
+    stage i on the rank's device i (its GPUs, else logical CPU devices), pipelined over
+    ``micro_batches`` (training.pipeline_parallel); Horovod data parallelism across ranks."""
+    micro_batches: int = 1
+    """With ``model_stages`` > 1: micro-batches each rank's batch is split into, so that the
+    stages work at once (GPipe); must divide ``batch_size``."""
+
+    def __post_init__(self) -> None:
+        _check_minimums(
+            self,
+            {
+                "num_ranks": 1,
+                "epochs": 1,
+                "batch_size": 1,
+                "warmup_epochs": 0,
+                "seed": 0,
+                "shuffle_buffer": 1,
+                "backward_passes_per_step": 1,
+                "model_stages": 1,
+                "micro_batches": 1,
+                "average_every": 1,
+            },
+        )
+        rate = self.learning_rate
+        if (
+            not isinstance(rate, int | float)
+            or isinstance(rate, bool)
+            or not math.isfinite(rate)
+            or rate <= 0
+        ):
+            raise ConfigError("learning_rate", f"must be a positive finite number, got {rate}")
+        # An int rate is the same rate; as a float it gives the same version id as from the CLI.
+        object.__setattr__(self, "learning_rate", float(rate))
+        choices: dict[str, tuple[str, ...]] = {"compression": COMPRESSIONS, "sync": SYNCS}
+        if self.model is not None:
+            choices["model"] = MODELS
+        _check_choices(self, choices)
+        self._check_pipeline()
+        self._check_sync()
+
+    def _check_pipeline(self) -> None:
+        """What model parallelism (``model_stages`` > 1) goes with (training.pipeline_parallel
+        says why; :func:`check_launch` what it cannot be launched with)."""
+        if self.batch_size % self.micro_batches:
+            raise ConfigError(
+                "micro_batches",
+                f"must divide --batch-size {self.batch_size} into equal micro-batches, got "
+                f"{self.micro_batches}",
+            )
+        if self.model_stages == 1:
+            if self.micro_batches > 1:
+                raise ConfigError("micro_batches", "needs --model-stages 2 or more to pipeline")
+            return
+        if self.model is not None and self.model not in PIPELINE_MODELS:
+            raise ConfigError(
+                "model_stages",
+                f"splits only {', '.join(PIPELINE_MODELS)} into stages, not {self.model!r}",
+            )
+        if self.backward_passes_per_step > 1:
+            raise ConfigError(
+                "backward_passes_per_step",
+                f"is not supported with --model-stages {self.model_stages}: the pipelined step "
+                "already sums the gradients of its micro-batches",
+            )
+
+    def _check_sync(self) -> None:
+        """What pairwise averaging goes with: it sends weights, not gradients, so gradient
+        aggregation and gradient compression have nothing to act on."""
+        if self.sync == "allreduce":
+            if self.average_every != 1:
+                raise ConfigError("average_every", "needs --sync pairwise")
+            return
+        refused = {
+            "backward_passes_per_step": self.backward_passes_per_step > 1,
+            "compression": self.compression != "none",
+            "model_stages": self.model_stages > 1,
+        }
+        for name, given in refused.items():
+            if given:
+                raise ConfigError(
+                    name,
+                    "is not supported with --sync pairwise: the ranks average weights every "
+                    "--average-every steps, they allreduce no gradients",
+                )
+
+    def parameters(self) -> dict[str, Any]:
+        """The model version's identity: every field, but a field of :data:`IDENTITY_SINCE`
+        only when it is not its default."""
+        return {
+            k: v
+            for k, v in asdict(self).items()
+            if not (k in IDENTITY_SINCE and v == IDENTITY_SINCE[k])
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    """Where and how the ranks run: none of it is part of the model version's identity."""
+
     hosts: str | None = None
     """horovodrun -H value (host:slots,...); default localhost:num_ranks."""
     hostfile: str | None = None
@@ -104,60 +210,13 @@ class TrainConfig:
     steps, for an exact mid-epoch ``resume`` (training.checkpoints); 0: at epoch ends only."""
     timeline: bool = False
     """Write Horovod's timeline (chrome://tracing JSON) into the run directory."""
-    model_stages: int = 1
-    """Model parallelism within a rank: the model split into this many consecutive stages,
-    stage i on the rank's device i (its GPUs, else logical CPU devices), pipelined over
-    ``micro_batches`` (training.pipeline_parallel); Horovod data parallelism across ranks."""
-    micro_batches: int = 1
-    """With ``model_stages`` > 1: micro-batches each rank's batch is split into, so that the
-    stages work at once (GPipe); must divide ``batch_size``."""
     threads_per_rank: int = 0
-    """TensorFlow compute threads per rank; 0 shares the host's cores among its ranks."""
+    """TensorFlow compute threads per rank; 0 shares the host's cores among its ranks. 1 also
+    pins each rank, and every thread it starts, to one core of its own."""
 
     def __post_init__(self) -> None:
-        minimums = {
-            "num_ranks": 1,
-            "epochs": 1,
-            "batch_size": 1,
-            "warmup_epochs": 0,
-            "seed": 0,
-            "shuffle_buffer": 1,
-            "backward_passes_per_step": 1,
-            "checkpoint_every": 0,
-            "threads_per_rank": 0,
-            "model_stages": 1,
-            "micro_batches": 1,
-            "average_every": 1,
-        }
-        for name, minimum in minimums.items():
-            value = getattr(self, name)
-            # bool is an int subclass; True is no rank count.
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ConfigError(name, f"must be a whole number, got {value!r}")
-            if value < minimum:
-                raise ConfigError(name, f"must be at least {minimum}, got {value}")
-        rate = self.learning_rate
-        if (
-            not isinstance(rate, int | float)
-            or isinstance(rate, bool)
-            or not math.isfinite(rate)
-            or rate <= 0
-        ):
-            raise ConfigError("learning_rate", f"must be a positive finite number, got {rate}")
-        # An int rate is the same rate; as a float it gives the same version id as from the CLI.
-        object.__setattr__(self, "learning_rate", float(rate))
-        choices: dict[str, tuple[str, ...]] = {
-            "compression": COMPRESSIONS,
-            "controller": CONTROLLERS,
-            "launcher": LAUNCHERS,
-            "sync": SYNCS,
-        }
-        if self.model is not None:
-            choices["model"] = MODELS
-        for name, known in choices.items():
-            value = getattr(self, name)
-            if value not in known:
-                raise ConfigError(name, f"must be one of {', '.join(known)}, got {value!r}")
+        _check_minimums(self, {"checkpoint_every": 0, "threads_per_rank": 0})
+        _check_choices(self, {"controller": CONTROLLERS, "launcher": LAUNCHERS})
         if self.ssh_port is not None and (
             not isinstance(self.ssh_port, int)
             or isinstance(self.ssh_port, bool)
@@ -174,70 +233,22 @@ class TrainConfig:
             )
         if self.hosts and self.hostfile:
             raise ConfigError("hostfile", "cannot be given with hosts: give one of the two")
-        self._check_pipeline()
-        self._check_sync()
         if self.launcher == "slurm" and (self.hosts or self.hostfile):
             raise ConfigError(
                 "launcher", "slurm takes the hosts from the allocation: drop --hosts/--hostfile"
             )
 
-    def _check_pipeline(self) -> None:
-        """What model parallelism (``model_stages`` > 1) goes with (training.pipeline_parallel
-        says why)."""
-        if self.batch_size % self.micro_batches:
-            raise ConfigError(
-                "micro_batches",
-                f"must divide --batch-size {self.batch_size} into equal micro-batches, got "
-                f"{self.micro_batches}",
-            )
-        if self.model_stages == 1:
-            if self.micro_batches > 1:
-                raise ConfigError("micro_batches", "needs --model-stages 2 or more to pipeline")
-            return
-        if self.model is not None and self.model not in PIPELINE_MODELS:
-            raise ConfigError(
-                "model_stages",
-                f"splits only {', '.join(PIPELINE_MODELS)} into stages, not {self.model!r}",
-            )
-        refused = {
-            "backward_passes_per_step": (
-                self.backward_passes_per_step > 1,
-                "the pipelined step already sums the gradients of its micro-batches",
-            ),
-            "checkpoint_every": (self.checkpoint_every > 0, "pipelined runs cannot resume yet"),
-            "resume": (self.resume, "pipelined runs cannot resume yet"),
-        }
-        for name, (given, why) in refused.items():
-            if given:
-                raise ConfigError(
-                    name, f"is not supported with --model-stages {self.model_stages}: {why}"
-                )
 
-    def _check_sync(self) -> None:
-        """What pairwise averaging goes with: it sends weights, not gradients, so gradient
-        aggregation and gradient compression have nothing to act on."""
-        if self.sync == "allreduce":
-            if self.average_every != 1:
-                raise ConfigError("average_every", "needs --sync pairwise")
-            return
-        refused = {
-            "backward_passes_per_step": self.backward_passes_per_step > 1,
-            "compression": self.compression != "none",
-            "model_stages": self.model_stages > 1,
-        }
-        for name, given in refused.items():
-            if given:
-                raise ConfigError(
-                    name,
-                    "is not supported with --sync pairwise: the ranks average weights every "
-                    "--average-every steps, they allreduce no gradients",
-                )
-
-    def parameters(self) -> dict[str, Any]:
-        """The fields that make the model version's identity (all but :data:`EXECUTION_ONLY`;
-        a field of :data:`IDENTITY_SINCE` only when it is not its default)."""
-        return {
-            k: v
-            for k, v in asdict(self).items()
-            if k not in EXECUTION_ONLY and not (k in IDENTITY_SINCE and v == IDENTITY_SINCE[k])
-        }
+def check_launch(config: TrainConfig, launch: LaunchConfig) -> None:
+    """Refuse a launch ``config`` cannot take: a pipelined run (``model_stages`` > 1) cannot
+    resume yet, so it takes neither ``resume`` nor ``checkpoint_every``."""
+    if config.model_stages == 1:
+        return
+    refused = {"checkpoint_every": launch.checkpoint_every > 0, "resume": launch.resume}
+    for name, given in refused.items():
+        if given:
+            raise ConfigError(
+                name,
+                f"is not supported with --model-stages {config.model_stages}: pipelined runs "
+                "cannot resume yet",
+            )

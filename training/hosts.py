@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from data_catalog import identity
 from data_catalog.errors import ShardflowError
-from training.config import TrainConfig
+from training.config import LaunchConfig
 
 # horovodrun's own ssh options (horovod/runner/util/remote.py SSH_COMMAND_PREFIX), plus
 # BatchMode so that a missing key fails at once instead of asking for a password.
@@ -45,9 +45,9 @@ class HostAnswer:
     output: str
 
 
-def host_names(config: TrainConfig) -> list[str]:
+def host_names(config: LaunchConfig, num_ranks: int) -> list[str]:
     """The hosts of ``config`` in order (``--hosts`` or ``--hostfile``), as horovodrun parses
-    them; localhost when neither is given."""
+    them; localhost (for ``num_ranks``) when neither is given."""
     from horovod.runner.common.util import hosts
 
     if config.hostfile:
@@ -58,7 +58,7 @@ def host_names(config: TrainConfig) -> list[str]:
                 f"cannot read --hostfile {config.hostfile}: {exc}; give one 'HOST slots=N' per line"
             ) from exc
     else:
-        spec = config.hosts or f"localhost:{config.num_ranks}"
+        spec = config.hosts or f"localhost:{num_ranks}"
     try:
         names, _slots = hosts.parse_hosts_and_slots(spec)
     except (ValueError, IndexError) as exc:
@@ -66,14 +66,14 @@ def host_names(config: TrainConfig) -> list[str]:
     return list(names)
 
 
-def remote_hosts(config: TrainConfig) -> list[str]:
+def remote_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
     """The hosts horovodrun will reach by ssh (those not resolving to this machine)."""
     from horovod.runner.util import network
 
-    return list(network.filter_local_addresses(host_names(config)))
+    return list(network.filter_local_addresses(host_names(config, num_ranks)))
 
 
-def ssh_command(config: TrainConfig, host: str, remote: str) -> list[str]:
+def ssh_command(config: LaunchConfig, host: str, remote: str) -> list[str]:
     """``remote`` (a shell command line) run on ``host`` as horovodrun reaches it."""
     command = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
     if config.ssh_port is not None:
@@ -83,7 +83,7 @@ def ssh_command(config: TrainConfig, host: str, remote: str) -> list[str]:
     return [*command, host, remote]
 
 
-def _ask(config: TrainConfig, host: str, remote: str) -> HostAnswer:
+def _ask(config: LaunchConfig, host: str, remote: str) -> HostAnswer:
     try:
         done = subprocess.run(
             ssh_command(config, host, remote),
@@ -99,10 +99,10 @@ def _ask(config: TrainConfig, host: str, remote: str) -> HostAnswer:
     return HostAnswer(host, done.returncode, (done.stdout + done.stderr).strip())
 
 
-def check_hosts(config: TrainConfig, progress: object = None) -> list[str]:
+def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
     """Refuse, in one line, a remote host that ssh cannot reach, that has no shardflow at this
     interpreter's path, or that runs other code; returns the remote hosts checked."""
-    remote = remote_hosts(config)
+    remote = remote_hosts(config, num_ranks)
     if not remote:
         return []
     mine = identity.code_version()

@@ -29,10 +29,11 @@ from data_catalog import Catalog, Manifest, derived_version, model_name, process
 from data_catalog.errors import ShardflowError
 from training import models
 from training.checkpoints import STEP_CHECKPOINT
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig, check_launch
 from training.hosts import check_hosts
 from training.input import SplitLayout, as_url
-from training.worker import WorkerConfig, last_checkpoint
+from training.rank.config import WorkerConfig
+from training.rank.run_dir import DIVERGED_NAME, last_checkpoint
 
 Progress = Callable[[str], None]
 
@@ -96,22 +97,24 @@ def train(
     dataset: str,
     *,
     config: TrainConfig,
+    launch: LaunchConfig,
     runs_dir: Path,
     progress: Progress = lambda _msg: None,
 ) -> tuple[Manifest, dict[str, Any]]:
-    """Train on the latest processed version of ``dataset``; returns (model version, metrics).
+    """Train on the latest processed version of ``dataset`` as ``launch`` says; returns (model
+    version, metrics).
 
     ``config.model`` must name a model: the caller resolves None (the dataset's default model)
-    first. The same processed version, configuration and code give the same model version: a
-    rerun returns the committed one without training again.
+    first. The same processed version, configuration and code give the same model version,
+    wherever and however it runs: a rerun returns the committed one without training again.
     """
     from training.input import InputSpec
     from training.verify_input import verify_input
-    from training.worker import DIVERGED_NAME
 
     if config.model is None:
         # The caller knows the dataset registry and resolves None to the dataset's default.
         raise ValueError("TrainConfig.model is None: resolve the dataset's default model first")
+    check_launch(config, launch)
     processed = catalog.get(processed_name(dataset))
     # Before anything is planned from the manifest, launched or written: the ranks would read
     # whatever bytes are there, and the manifest's counts plan their steps.
@@ -139,30 +142,16 @@ def train(
         manifest = catalog.get(name, version)
         return manifest, dict(manifest.statistics)
 
-    remote = check_hosts(config)
+    remote = check_hosts(launch, config.num_ranks)
     if remote:
         progress(f"hosts {', '.join(remote)}: reachable by ssh, same code")
     run_dir = runs_dir / f"{name}-{version}"
     train_url = as_url(_split_location(catalog, processed, "train") or "")
-    if config.resume:
-        if not (run_dir / "checkpoints").is_dir():
-            other = _step_checkpoint_of_other_rank_count(runs_dir, name, config, train_url)
-            if other is None:
-                raise ShardflowError(
-                    f"nothing to resume: no checkpoints of this configuration in {run_dir}"
-                )
-            (run_dir / "checkpoints").mkdir(parents=True)
-            shutil.copy2(other, run_dir / "checkpoints" / STEP_CHECKPOINT)
-            progress(
-                f"resume: no checkpoint of {config.num_ranks} ranks; continuing from {other}, "
-                "a run of the same configuration on another rank count"
-            )
-    elif run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_run_dir(runs_dir, name, run_dir, config, launch, train_url, progress)
     normalization = processed.statistics.get("normalization", {})
     worker_config = WorkerConfig(
         train=config,
+        launch=launch,
         train_url=train_url,
         test_dir=_split_location(catalog, processed, "test") or "",
         validation_dir=_split_location(catalog, processed, "validation"),
@@ -181,7 +170,7 @@ def train(
     # A resumed run's folder may hold the report of an earlier run that diverged.
     (run_dir / DIVERGED_NAME).unlink(missing_ok=True)
     with _run_dir_kept_only_with_checkpoints(run_dir):
-        launch(config, run_dir, progress)
+        run_ranks(config, launch, run_dir, progress)
         _refuse_diverged(run_dir / DIVERGED_NAME)
     metrics = json.loads((run_dir / "metrics.json").read_text())
 
@@ -216,6 +205,36 @@ def train(
     return manifest, metrics
 
 
+def _prepare_run_dir(
+    runs_dir: Path,
+    name: str,
+    run_dir: Path,
+    config: TrainConfig,
+    launch: LaunchConfig,
+    train_url: str,
+    progress: Progress,
+) -> None:
+    """An empty ``run_dir`` for model ``name``; with ``launch.resume``, the one holding the
+    checkpoints to resume from, else one made for it from a step checkpoint of a run of the
+    same configuration on another rank count (in ``runs_dir``)."""
+    if launch.resume:
+        if not (run_dir / "checkpoints").is_dir():
+            other = _step_checkpoint_of_other_rank_count(runs_dir, name, config, train_url)
+            if other is None:
+                raise ShardflowError(
+                    f"nothing to resume: no checkpoints of this configuration in {run_dir}"
+                )
+            (run_dir / "checkpoints").mkdir(parents=True)
+            shutil.copy2(other, run_dir / "checkpoints" / STEP_CHECKPOINT)
+            progress(
+                f"resume: no checkpoint of {config.num_ranks} ranks; continuing from {other}, "
+                "a run of the same configuration on another rank count"
+            )
+    elif run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
 def _step_checkpoint_of_other_rank_count(
     runs_dir: Path, name: str, config: TrainConfig, train_url: str
 ) -> Path | None:
@@ -238,7 +257,7 @@ def _step_checkpoint_of_other_rank_count(
 
 def _refuse_diverged(report: Path) -> None:
     """A one-line ShardflowError when the ranks stopped because training diverged (rank 0
-    wrote ``report`` instead of a model: training.worker.divergence_guard)."""
+    wrote ``report`` instead of a model: training.rank.divergence.DivergenceGuard)."""
     if not report.is_file():
         return
     where = json.loads(report.read_text())
@@ -267,6 +286,7 @@ def _run_dir_kept_only_with_checkpoints(run_dir: Path) -> Iterator[None]:
 
 def horovodrun_command(
     config: TrainConfig,
+    launch: LaunchConfig,
     run_dir: Path,
     *,
     horovodrun: str = "horovodrun",
@@ -275,24 +295,24 @@ def horovodrun_command(
     """The command line that starts ``config.num_ranks`` ranks of ``python -m training.worker``
     on the worker config in ``run_dir``: where they run, which controller, the timeline."""
     command = [horovodrun, "-np", str(config.num_ranks)]
-    if config.launcher == "slurm":
+    if launch.launcher == "slurm":
         from training.slurm import horovodrun_hosts
 
         command += ["-H", horovodrun_hosts(config.num_ranks, os.environ)]
-    elif config.hostfile:
-        command += ["--hostfile", config.hostfile]
+    elif launch.hostfile:
+        command += ["--hostfile", launch.hostfile]
     else:
-        command += ["-H", config.hosts or f"localhost:{config.num_ranks}"]
-    if config.network_interface:
-        command += ["--network-interface", config.network_interface]
-    if config.ssh_port is not None:
-        command += ["--ssh-port", str(config.ssh_port)]
-    if config.ssh_identity_file:
-        command += ["--ssh-identity-file", config.ssh_identity_file]
-    if config.disable_cache:
+        command += ["-H", launch.hosts or f"localhost:{config.num_ranks}"]
+    if launch.network_interface:
+        command += ["--network-interface", launch.network_interface]
+    if launch.ssh_port is not None:
+        command += ["--ssh-port", str(launch.ssh_port)]
+    if launch.ssh_identity_file:
+        command += ["--ssh-identity-file", launch.ssh_identity_file]
+    if launch.disable_cache:
         command.append("--disable-cache")
-    command.append("--mpi" if config.controller == "mpi" else "--gloo")
-    if config.timeline:
+    command.append("--mpi" if launch.controller == "mpi" else "--gloo")
+    if launch.timeline:
         command += ["--timeline-filename", str(run_dir / "timeline.json")]
     return [*command, python, "-m", "training.worker", str(run_dir / "worker.json")]
 
@@ -302,7 +322,7 @@ def horovodrun_command(
 STOP_SECONDS = 15.0
 
 
-def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
+def run_ranks(config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress: Progress) -> None:
     """Run `horovodrun` on the worker config in ``run_dir``; raises ShardflowError on failure.
 
     horovodrun runs through :mod:`training.horovodrun` (it dies with this process; its
@@ -310,12 +330,12 @@ def launch(config: TrainConfig, run_dir: Path, progress: Progress) -> None:
     Ctrl-C in the terminal reaches only this process, which then stops it (:func:`_stop`)
     before the interruption goes on.
     """
-    if config.controller == "mpi":
+    if launch.controller == "mpi":
         require_mpi()
     find_horovodrun()  # Horovod is installed
     command = [
         *(sys.executable, "-m", "training.horovodrun", "--parent", str(os.getpid())),
-        *horovodrun_command(config, run_dir)[1:],
+        *horovodrun_command(config, launch, run_dir)[1:],
     ]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     progress("$ " + " ".join(command))

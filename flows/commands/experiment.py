@@ -18,7 +18,7 @@ from flows.options import whole_number
 from lab.experiments import EXPERIMENTS, ExperimentRequest, Sample, experiment
 from lab.experiments.sources import ExperimentSources, source_flag
 from lab.netns import RankHosts
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
 
 
 class _StagesPipeline:
@@ -75,22 +75,32 @@ class _StagesPipeline:
         }
 
     def train(
-        self, dataset: str, config: TrainConfig, *, on: RankHosts | None = None
+        self,
+        dataset: str,
+        config: TrainConfig,
+        launch: LaunchConfig | None = None,
+        *,
+        on: RankHosts | None = None,
     ) -> dict[str, Any]:
         from flows import stages
 
+        launch = launch or LaunchConfig()
         if on is None:
-            return stages.train(self.ctx.settings, dataset, config, progress=self.ctx.progress)
-        return self._train_in(on, dataset, config)
+            return stages.train(
+                self.ctx.settings, dataset, config, launch, progress=self.ctx.progress
+            )
+        return self._train_in(on, dataset, config, launch)
 
-    def _train_in(self, on: RankHosts, dataset: str, config: TrainConfig) -> dict[str, Any]:
+    def _train_in(
+        self, on: RankHosts, dataset: str, config: TrainConfig, launch: LaunchConfig
+    ) -> dict[str, Any]:
         """``shardflow train`` run in the hosts' head namespace, as a user there would: its
         ssh (on PATH) reaches the rank hosts; the catalog is this home's, on the shared disk."""
         from flows.options import command_line
 
         command = on.head.command(
             [str(Path(sys.executable).parent / "shardflow"), "train", dataset,
-             *command_line(config, "train"), "--json"]
+             *command_line(config, "train"), *command_line(launch, "launch"), "--json"]
         )  # fmt: skip
         env = {
             **os.environ,
@@ -110,7 +120,7 @@ class _StagesPipeline:
             returncode = proc.wait()
         if returncode != 0:
             last = next((line for line in reversed(lines) if line.strip()), "no output")
-            raise ShardflowError(f"train on {config.hosts} failed ({returncode}): {last}")
+            raise ShardflowError(f"train on {launch.hosts} failed ({returncode}): {last}")
         result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return result
 

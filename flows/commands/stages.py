@@ -45,10 +45,14 @@ def _cluster(args: argparse.Namespace) -> Any:
     return options.build(ClusterConfig, args, "cluster")
 
 
-def _train_config(args: argparse.Namespace) -> Any:
-    from training.config import TrainConfig
+def _train_configs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(TrainConfig, LaunchConfig) of the flags, checked together."""
+    from training.config import LaunchConfig, TrainConfig, check_launch
 
-    return options.build(TrainConfig, args, "train")
+    train = options.build(TrainConfig, args, "train")
+    launch = options.build(LaunchConfig, args, "launch")
+    check_launch(train, launch)
+    return train, launch
 
 
 def _quiet_libraries(ctx: Context) -> None:
@@ -102,7 +106,8 @@ def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
     _quiet_libraries(ctx)
-    result = stages.train(ctx.settings, args.dataset, _train_config(args), progress=ctx.progress)
+    train, launch = _train_configs(args)
+    result = stages.train(ctx.settings, args.dataset, train, launch, progress=ctx.progress)
     ctx.emit(result, [results.train_summary(result)])
     return 0
 
@@ -111,11 +116,11 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
     from flows.prefect_server import api_for_this_command
 
     # Every option is checked before any stage runs (or any server starts).
-    request, job, cluster, train = (
+    request, job, cluster, (train, launch) = (
         _ingest_request(args),
         _job_options(args),
         _cluster(args),
-        _train_config(args),
+        _train_configs(args),
     )
     if cluster.cluster != "local":
         raise ConfigError(
@@ -150,6 +155,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
             memory_limit=cluster.memory_limit,
             options=job,
             train=train,
+            launch=launch,
         )
     ctx.emit(result, [results.train_summary(result)])
     return 0
@@ -215,14 +221,15 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "train", parents=[common], help="train with horovodrun on the processed shards"
     )
     _dataset_argument(train)
-    options.add_flags(train, "train")
+    for group in ("train", "launch"):
+        options.add_flags(train, group)
     train.set_defaults(handler=cmd_train)
 
     run = commands.add_parser(
         "run", parents=[common], help="ingest, preprocess and train as one Prefect flow run"
     )
     _dataset_argument(run)
-    for group in ("ingest", "skyserver", "plan", "job", "cluster", "train"):
+    for group in ("ingest", "skyserver", "plan", "job", "cluster", "train", "launch"):
         options.add_flags(run, group)
     run.set_defaults(handler=cmd_run)
 

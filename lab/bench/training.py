@@ -21,10 +21,10 @@ from typing import Any
 from data_catalog import Catalog, Manifest, processed_name
 from data_catalog.errors import ShardflowError
 from training import models
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
 from training.input import InputSpec, SplitLayout, load_split, make_train_dataset
-from training.launcher import launch
-from training.worker import WorkerConfig
+from training.launcher import run_ranks
+from training.rank.config import WorkerConfig
 
 Progress = Callable[[str], None]
 
@@ -154,19 +154,21 @@ def bench_scaling(
                 shuffle_buffer=4096,
                 warmup_epochs=1,
             )
+            # One compute thread per rank, each rank pinned to a core of its own.
+            launch = LaunchConfig(threads_per_rank=1)
             WorkerConfig(
                 train=config,
+                launch=launch,
                 train_url=(directory / "train").resolve().as_uri(),
                 test_dir=str(directory / "test"),
                 run_dir=str(run_dir),
                 spec=asdict(spec),
                 num_classes=int(manifest.schema["num_classes"]),
                 steps_per_epoch=steps,
-                threads_per_rank=1,
                 evaluate=False,
             ).dump(run_dir / "worker.json")
             with one_blas_thread():
-                launch(config, run_dir, progress)
+                run_ranks(config, launch, run_dir, progress)
             metrics = json.loads((run_dir / "metrics.json").read_text())
             # Epochs after the first: the first includes graph tracing and filling the pipeline.
             rates = [steps * batch_size * num_ranks / s for s in metrics["epoch_seconds"][1:]]
@@ -277,6 +279,7 @@ def bench_aggregation(
                 config=TrainConfig(
                     num_ranks=num_ranks, epochs=epochs, model=model, backward_passes_per_step=k
                 ),
+                launch=LaunchConfig(),
                 runs_dir=runs_dir,
                 progress=progress,
             )

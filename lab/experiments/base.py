@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from data_catalog.errors import ConfigError
 from lab.netns import RankHosts
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,14 +58,20 @@ class Pipeline(Protocol):
         ...
 
     def train(
-        self, dataset: str, config: TrainConfig, *, on: RankHosts | None = None
+        self,
+        dataset: str,
+        config: TrainConfig,
+        launch: LaunchConfig | None = None,
+        *,
+        on: RankHosts | None = None,
     ) -> dict[str, Any]:
         """Train on the latest processed version of ``dataset`` and commit the model version;
-        returns the train stage's result (flows.results.train_result's shape).
+        returns the train stage's result (flows.results.train_result's shape). ``launch``:
+        where and how the ranks run (None: LaunchConfig's defaults).
 
         ``on``: namespaced hosts (lab.netns.rank_hosts): horovodrun runs in their head
-        and reaches the ranks by ssh (``config`` names the rank hosts:
-        :meth:`RankHosts.train_options`); None: horovodrun here, ranks on this host."""
+        and reaches the ranks by ssh (``launch`` names the rank hosts:
+        :meth:`RankHosts.launch_config`); None: horovodrun here, ranks on this host."""
         ...
 
     def progress(self, message: str) -> None:

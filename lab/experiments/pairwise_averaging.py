@@ -71,10 +71,10 @@ class Variant:
         return f"pairwise every {self.average_every}{more}"
 
 
-def train_config(variant: Variant, options: dict[str, Any], epochs: int) -> TrainConfig:
-    """One run on the hosts ``options`` name (RankHosts.train_options), all else equal."""
+def train_config(variant: Variant, num_ranks: int, epochs: int) -> TrainConfig:
+    """One run of ``num_ranks`` ranks, all else equal."""
     return TrainConfig(
-        **options,
+        num_ranks=num_ranks,
         epochs=epochs * variant.epoch_factor,
         batch_size=BATCH_SIZE,
         model=MODEL,
@@ -220,12 +220,12 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         with rank_hosts(max(ranks), Path(folder) / "ssh") as hosts:
             # The most ranks first: the longest start-up and the most process sets fail early.
             for num_ranks in sorted(ranks, reverse=True):
-                options = hosts.train_options(num_ranks)
+                launch = hosts.launch_config(num_ranks)
                 variants = [Variant(sync="allreduce", passes=k) for k in passes]
                 for variant in variants:
                     pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}")
                     trained = pipeline.train(
-                        DATASET, train_config(variant, options, epochs), on=hosts
+                        DATASET, train_config(variant, num_ranks, epochs), launch, on=hosts
                     )
                     rows.append(row_of(variant, trained))
                 reference = rows[-len(variants)]
@@ -234,7 +234,7 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
                         variant = Variant(sync="pairwise", average_every=every, epoch_factor=factor)
                         pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}")
                         trained = pipeline.train(
-                            DATASET, train_config(variant, options, epochs), on=hosts
+                            DATASET, train_config(variant, num_ranks, epochs), launch, on=hosts
                         )
                         rows.append(row_of(variant, trained))
                         if within_gap(rows[-1], reference):

@@ -35,17 +35,9 @@ QUICK_SAMPLE = Sample(train_rows=512, test_rows=128)
 PAPER_EPOCH_SECONDS = {1: 4.0, 4: 1.0}
 
 
-def train_config(
-    num_ranks: int, options: dict[str, Any], epochs: int, batch_size: int
-) -> TrainConfig:
-    """One run: ``num_ranks`` ranks on their hosts, one thread each, all else equal."""
-    return TrainConfig(
-        **options,
-        epochs=epochs,
-        batch_size=batch_size,
-        model=MODEL,
-        threads_per_rank=1,
-    )
+def train_config(num_ranks: int, epochs: int, batch_size: int) -> TrainConfig:
+    """One run of ``num_ranks`` ranks, all else equal."""
+    return TrainConfig(num_ranks=num_ranks, epochs=epochs, batch_size=batch_size, model=MODEL)
 
 
 def row_of(trained: dict[str, Any]) -> dict[str, Any]:
@@ -102,12 +94,11 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
             for num_ranks in RANKS:
                 pipeline.progress(f"{NAME}: {num_ranks} rank(s), one host each")
                 config = train_config(
-                    num_ranks,
-                    hosts.train_options(num_ranks),
-                    epochs,
-                    QUICK_BATCH_SIZE if request.quick else BATCH_SIZE,
+                    num_ranks, epochs, QUICK_BATCH_SIZE if request.quick else BATCH_SIZE
                 )
-                rows.append(row_of(pipeline.train("mnist", config, on=hosts)))
+                # On their hosts, one thread each (a rank pinned to one core).
+                launch = hosts.launch_config(num_ranks, threads_per_rank=1)
+                rows.append(row_of(pipeline.train("mnist", config, launch, on=hosts)))
     cores = len(os.sched_getaffinity(0))
     rows = with_efficiency(rows, cores)
     plots = _plots(request.out, rows)

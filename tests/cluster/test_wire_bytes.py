@@ -9,7 +9,7 @@ How the bytes are measured (the table in docs/cluster.md "Bytes on the wire"):
 
 - **At epoch boundaries, by the ranks.** With ``--network-interface eth0`` every rank reads its
   own namespace's eth0 transmit counters at the start and end of every epoch
-  (``training.worker.wire_meter``): ssh, the rendezvous, the interface checks and the final
+  (``training.rank.meters.WireMeter``): ssh, the rendezvous, the interface checks and the final
   gathering fall outside. Epoch 1 is left out: rank 0 broadcasts its initial weights (and
   optimizer state) at its first batch. Epochs 2-3 are measured.
 - **Horovod's control loop subtracted.** The same counters from ``hvd.init()`` to the first

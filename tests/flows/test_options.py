@@ -1,36 +1,88 @@
-"""`flows.options.command_line`: the flags that give a TrainConfig back, as the experiments
-hand a config to `shardflow train` on namespaced hosts."""
+"""`flows.options.command_line`: the flags that give a TrainConfig and a LaunchConfig back, as
+the experiments hand them to `shardflow train` on namespaced hosts; the launch flags are the
+ones they always were."""
 
 from __future__ import annotations
 
 import pytest
 
+from data_catalog.errors import ConfigError
 from flows.cli import build_parser
-from flows.options import build, command_line
-from training.config import TrainConfig
+from flows.options import build, command_line, flag_for, flags_of
+from training.config import LaunchConfig, TrainConfig
 
 CONFIGS = [
-    TrainConfig(),
-    TrainConfig(num_ranks=3, epochs=1, batch_size=16, model="cnn", learning_rate=0.002),
-    TrainConfig(
-        num_ranks=2,
-        hosts="w1:1,w2:1",
-        network_interface="eth0",
-        ssh_port=2222,
-        ssh_identity_file="/tmp/id",
-        disable_cache=True,
-        backward_passes_per_step=2,
-        compression="fp16",
-        augment=True,
+    (TrainConfig(), LaunchConfig()),
+    (
+        TrainConfig(num_ranks=3, epochs=1, batch_size=16, model="cnn", learning_rate=0.002),
+        LaunchConfig(),
     ),
+    (
+        TrainConfig(num_ranks=2, backward_passes_per_step=2, compression="fp16", augment=True),
+        LaunchConfig(
+            hosts="w1:1,w2:1",
+            network_interface="eth0",
+            ssh_port=2222,
+            ssh_identity_file="/tmp/id",
+            disable_cache=True,
+            resume=True,
+            checkpoint_every=10,
+            timeline=True,
+            threads_per_rank=1,
+        ),
+    ),
+    (TrainConfig(), LaunchConfig(hostfile="/tmp/hosts", controller="mpi")),
 ]
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_the_flags_give_the_config_back(config: TrainConfig) -> None:
-    args = build_parser().parse_args(["train", "mnist", *command_line(config, "train")])
+@pytest.mark.parametrize(("config", "launch"), CONFIGS)
+def test_the_flags_give_the_configs_back(config: TrainConfig, launch: LaunchConfig) -> None:
+    flags = [*command_line(config, "train"), *command_line(launch, "launch")]
+    args = build_parser().parse_args(["train", "mnist", *flags])
     assert build(TrainConfig, args, "train", environ={}) == config
+    assert build(LaunchConfig, args, "launch", environ={}) == launch
 
 
 def test_a_default_config_needs_no_flags() -> None:
     assert command_line(TrainConfig(), "train") == []
+    assert command_line(LaunchConfig(), "launch") == []
+
+
+def test_the_launch_flags_are_the_ones_train_always_had() -> None:
+    flags = {flag.field: flag.flag for flag in flags_of("launch")}
+    assert flags == {
+        "hosts": "--hosts",
+        "hostfile": "--hostfile",
+        "network_interface": "--network-interface",
+        "ssh_port": "--ssh-port",
+        "ssh_identity_file": "--ssh-identity-file",
+        "disable_cache": "--disable-cache",
+        "controller": "--controller",
+        "launcher": "--launcher",
+        "resume": "--resume",
+        "checkpoint_every": "--checkpoint-every",
+        "timeline": "--timeline",
+        "threads_per_rank": "--threads-per-rank",
+    }
+    for command in ("train", "run"):
+        text = build_parser().parse_args([command, "mnist"])
+        assert all(hasattr(text, field) for field in flags)
+    assert flag_for("checkpoint_every") == "--checkpoint-every"
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--model-stages", "2", "--resume"], "resume"),
+        (["--model-stages", "2", "--checkpoint-every", "5"], "checkpoint_every"),
+    ],
+)
+def test_a_launch_the_config_cannot_take_is_refused_by_its_flag(
+    argv: list[str], field: str
+) -> None:
+    from flows.commands.stages import _train_configs
+
+    args = build_parser().parse_args(["train", "cifar10", *argv])
+    with pytest.raises(ConfigError) as raised:
+        _train_configs(args)
+    assert raised.value.field == field

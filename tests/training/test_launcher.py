@@ -1,5 +1,5 @@
-"""The launcher's pure parts: the horovodrun command line a configuration gives, and the
-configuration's own checks (each bad field named, as the CLI shows it by its flag)."""
+"""The launcher's pure parts: the horovodrun command line a configuration and launch give, and
+the configurations' own checks (each bad field named, as the CLI shows it by its flag)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,20 @@ import pytest
 
 from data_catalog import Catalog
 from data_catalog.errors import ConfigError, ShardflowError
-from training.config import TrainConfig
-from training.launcher import horovodrun_command, launch, train
+from training.config import LaunchConfig, TrainConfig
+from training.launcher import horovodrun_command, run_ranks, train
 
 RUN_DIR = Path("/runs/fashion-mnist-cnn-0123456789abcdef")
 WORKER = ["python3", "-m", "training.worker", f"{RUN_DIR}/worker.json"]
 
 
-def command(**fields: Any) -> list[str]:
+def command(num_ranks: int = 2, **fields: Any) -> list[str]:
     return horovodrun_command(
-        TrainConfig(model="cnn", **fields), RUN_DIR, horovodrun="horovodrun", python="python3"
+        TrainConfig(model="cnn", num_ranks=num_ranks),
+        LaunchConfig(**fields),
+        RUN_DIR,
+        horovodrun="horovodrun",
+        python="python3",
     )
 
 
@@ -74,7 +78,9 @@ def test_mpi_controller_needs_horovod_built_with_mpi(tmp_path: Path) -> None:
     if hvd.mpi_built():
         pytest.skip("this Horovod has MPI")
     with pytest.raises(ShardflowError, match="built without MPI; use --controller gloo"):
-        launch(TrainConfig(model="cnn", controller="mpi"), tmp_path, lambda _m: None)
+        run_ranks(
+            TrainConfig(model="cnn"), LaunchConfig(controller="mpi"), tmp_path, lambda _m: None
+        )
 
 
 @pytest.mark.parametrize(
@@ -103,12 +109,6 @@ def test_mpi_controller_needs_horovod_built_with_mpi(tmp_path: Path) -> None:
             "must be one of cnn, mobilenetv2, resnet50, dnn, got 'vgg'",
         ),
         ({"compression": "zip"}, "compression", "must be one of none, fp16, got 'zip'"),
-        ({"controller": "nccl"}, "controller", "must be one of gloo, mpi, got 'nccl'"),
-        (
-            {"hosts": "a:1", "hostfile": "hosts.txt"},
-            "hostfile",
-            "cannot be given with hosts: give one of the two",
-        ),
     ],
 )
 def test_a_bad_field_is_named(fields: dict[str, Any], field: str, problem: str) -> None:
@@ -116,6 +116,32 @@ def test_a_bad_field_is_named(fields: dict[str, Any], field: str, problem: str) 
         TrainConfig(**fields)
     assert (raised.value.field, raised.value.problem) == (field, problem)
     assert str(raised.value) == f"{field} {problem}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "problem"),
+    [
+        ({"controller": "nccl"}, "controller", "must be one of gloo, mpi, got 'nccl'"),
+        (
+            {"hosts": "a:1", "hostfile": "hosts.txt"},
+            "hostfile",
+            "cannot be given with hosts: give one of the two",
+        ),
+        ({"checkpoint_every": -1}, "checkpoint_every", "must be at least 0, got -1"),
+        ({"threads_per_rank": -1}, "threads_per_rank", "must be at least 0, got -1"),
+        ({"threads_per_rank": 1.0}, "threads_per_rank", "must be a whole number, got 1.0"),
+        ({"ssh_port": 0}, "ssh_port", "must be a port number 1-65535, got 0"),
+        (
+            {"network_interface": "eth0; rm"},
+            "network_interface",
+            "must be interface names such as eth0 (comma-separated), got 'eth0; rm'",
+        ),
+    ],
+)
+def test_a_bad_launch_field_is_named(fields: dict[str, Any], field: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        LaunchConfig(**fields)
+    assert (raised.value.field, raised.value.problem) == (field, problem)
 
 
 def test_the_defaults_are_valid_and_leave_the_model_to_the_dataset() -> None:
@@ -128,9 +154,7 @@ def test_the_defaults_are_valid_and_leave_the_model_to_the_dataset() -> None:
 
 def test_the_identity_is_the_fields_that_change_what_is_computed() -> None:
     """The parameters a model version's id derives from; a change here changes every id."""
-    config = TrainConfig(
-        model="cnn", hosts="a:2", controller="mpi", resume=True, timeline=True, augment=True
-    )
+    config = TrainConfig(model="cnn", augment=True)
     assert config.parameters() == {
         "num_ranks": 2,
         "epochs": 3,
@@ -158,5 +182,9 @@ def test_fields_added_later_join_the_identity_only_off_their_default() -> None:
 def test_train_refuses_an_unresolved_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="resolve the dataset's default model"):
         train(
-            Catalog(tmp_path / "catalog"), "fashion-mnist", config=TrainConfig(), runs_dir=tmp_path
+            Catalog(tmp_path / "catalog"),
+            "fashion-mnist",
+            config=TrainConfig(),
+            launch=LaunchConfig(),
+            runs_dir=tmp_path,
         )

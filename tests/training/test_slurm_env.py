@@ -3,13 +3,14 @@ horovodrun's `-H` (training.slurm), and the command line it makes (training.laun
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from data_catalog.errors import ConfigError, ShardflowError
 from preprocessing.config import ClusterConfig
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
 from training.launcher import horovodrun_command
 from training.slurm import (
     allocation_hosts,
@@ -108,7 +109,7 @@ def test_horovodrun_command_takes_the_allocations_hosts(
     ).items():
         monkeypatch.setenv(name, value)
     command = horovodrun_command(
-        TrainConfig(num_ranks=4, launcher="slurm"), tmp_path, python="python"
+        TrainConfig(num_ranks=4), LaunchConfig(launcher="slurm"), tmp_path, python="python"
     )
     assert command[:5] == ["horovodrun", "-np", "4", "-H", "c1:2,c2:2"]
 
@@ -174,14 +175,15 @@ def test_run_np_defaults_to_the_allocations_tasks() -> None:
 
 
 def test_the_launcher_is_not_part_of_the_model_version() -> None:
-    assert TrainConfig(launcher="slurm").parameters() == TrainConfig().parameters()
+    assert "launcher" not in {f.name for f in dataclasses.fields(TrainConfig)}
+    assert LaunchConfig(launcher="slurm").launcher == "slurm"
 
 
 def test_launcher_slurm_takes_no_hosts() -> None:
     with pytest.raises(ConfigError, match="allocation"):
-        TrainConfig(launcher="slurm", hosts="a:1")
+        LaunchConfig(launcher="slurm", hosts="a:1")
     with pytest.raises(ConfigError):
-        TrainConfig(launcher="srun")
+        LaunchConfig(launcher="srun")
 
 
 @pytest.mark.parametrize(

@@ -1,15 +1,14 @@
 """Rank 0's step checkpointer: a run resumed from it ends with an uninterrupted run's weights,
-dropout and random shifts included; SIGTERM during training (in a process of its own) saves the
-model, the optimizer and the position at the next step boundary, then the process exits 143."""
+dropout and random shifts included; SIGTERM during training (in a process of its own) has it
+save the model, the optimizer and the position at the next step boundary, then the process
+exits 143 (StopOnSigterm)."""
 
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,8 @@ import numpy as np
 import pytest
 
 from training import checkpoints, models
-from training.worker import restore_step_checkpoint, step_checkpointer
+from training.rank.checkpointing import StepCheckpointer
+from training.rank.resume import restore_step_checkpoint
 
 SCRIPT = textwrap.dedent(
     """
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import tensorflow as tf
     from training.checkpoints import Position
-    from training.worker import step_checkpointer
+    from training.rank.checkpointing import StepCheckpointer, StopOnSigterm
 
     path = Path(sys.argv[1])
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
@@ -44,11 +44,11 @@ SCRIPT = textwrap.dedent(
             if batch == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    checkpointer = step_checkpointer(path, position, every=100, steps_per_epoch=10,
-                                     backward_passes_per_step=1, guard=Guard())
+    checkpointer = StepCheckpointer(path, position, every=100, steps_per_epoch=10,
+                                    backward_passes_per_step=1, guard=Guard())
     x = np.ones((20, 4), np.float32)
     model.fit(x, x[:, :2], batch_size=2, epochs=2, verbose=0,
-              callbacks=[TermAtStep3(), checkpointer])
+              callbacks=[TermAtStep3(), checkpointer, StopOnSigterm(checkpointer)])
     print("not stopped")
     """
 )
@@ -81,14 +81,6 @@ class Guard:
     diverged = None
 
 
-@pytest.fixture
-def sigterm_handler() -> Iterator[None]:
-    # step_checkpointer installs its own SIGTERM handler; pytest's comes back after the test.
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
-
-
 def _model(name: str, shape: tuple[int, ...], augment: bool, rank: int) -> Any:
     """The model as every rank of a run builds it (training.worker.run)."""
     import tensorflow as tf
@@ -119,7 +111,7 @@ def _position(epoch: int, step: int) -> checkpoints.Position:
     ("name", "shape", "augment"), [("dnn", (5,), False), ("cnn", (12, 12, 1), True)]
 )
 def test_a_resumed_run_with_dropout_or_augmentation_ends_with_the_uninterrupted_weights(
-    name: str, shape: tuple[int, ...], augment: bool, tmp_path: Path, sigterm_handler: None
+    name: str, shape: tuple[int, ...], augment: bool, tmp_path: Path
 ) -> None:
     import tensorflow as tf
 
@@ -134,7 +126,7 @@ def test_a_resumed_run_with_dropout_or_augmentation_ends_with_the_uninterrupted_
                 shutil.copyfile(path, kept)
 
     uninterrupted = _model(name, shape, augment, rank=0)
-    checkpointer = step_checkpointer(
+    checkpointer = StepCheckpointer(
         path,
         _position,
         every=CHECKPOINT_AT,
@@ -169,7 +161,8 @@ LOCAL_AGGREGATION = textwrap.dedent(
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
     from training import checkpoints, models
-    from training.worker import restore_step_checkpoint, step_checkpointer
+    from training.rank.checkpointing import StepCheckpointer
+    from training.rank.resume import restore_step_checkpoint
 
     hvd.init()
     SEED, BATCH, STEPS, AT = 7, 8, 8, 4
@@ -203,8 +196,8 @@ LOCAL_AGGREGATION = textwrap.dedent(
     x = np.random.default_rng(0).normal(size=(STEPS * BATCH, 5)).astype(np.float32)
     y = np.arange(STEPS * BATCH) % 3
     uninterrupted = model()
-    checkpointer = step_checkpointer(path, position, every=AT, steps_per_epoch=STEPS,
-                                     backward_passes_per_step=2, guard=Guard())
+    checkpointer = StepCheckpointer(path, position, every=AT, steps_per_epoch=STEPS,
+                                    backward_passes_per_step=2, guard=Guard())
     uninterrupted.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0,
                       callbacks=[checkpointer, Keep()])
     resumed = model()
@@ -231,3 +224,45 @@ def test_a_resume_with_two_backward_passes_per_step_ends_with_the_uninterrupted_
     assert proc.returncode == 0, proc.stderr[-2000:]
     difference = float(proc.stdout.split("max difference")[-1])
     assert difference <= 1e-6, proc.stdout
+
+
+def test_a_stop_saves_once_where_the_optimizer_step_is_whole(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What StopOnSigterm asks of the checkpointer: the step after which the process ends, and
+    a checkpoint there unless one was just taken or a partial sum of K backward passes is
+    pending; none at the epoch's last step (the epoch's end saves) or once training diverged."""
+    import tensorflow as tf
+
+    saved: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        checkpoints, "save", lambda _p, position, *_a: saved.append((position.epoch, position.step))
+    )
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.legacy.Adam(0.01), loss="mse")
+    guard = Guard()
+
+    def checkpointer(every: int, passes: int) -> StepCheckpointer:
+        made = StepCheckpointer(
+            tmp_path / checkpoints.STEP_CHECKPOINT,
+            _position,
+            every=every,
+            steps_per_epoch=STEPS,
+            backward_passes_per_step=passes,
+            guard=guard,
+        )
+        made.set_model(model)
+        made.on_epoch_begin(0)
+        return made
+
+    every_two = checkpointer(every=2, passes=1)
+    every_two.on_train_batch_end(1)  # step 2: due
+    assert (every_two.save_before_stop(1), saved) == (2, [(0, 2)])  # not again
+    assert (every_two.save_before_stop(2), saved) == (3, [(0, 2), (0, 3)])
+    assert every_two.save_before_stop(STEPS - 1) is None  # the epoch's end saves it
+    saved.clear()
+    two_passes = checkpointer(every=100, passes=2)
+    assert (two_passes.save_before_stop(2), saved) == (3, [])  # half a step pending
+    assert (two_passes.save_before_stop(3), saved) == (4, [(0, 4)])
+    guard.diverged = {"epoch": 1}
+    assert two_passes.save_before_stop(3) is None

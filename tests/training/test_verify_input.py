@@ -22,14 +22,11 @@ from preprocessing.driver import serial_runner
 from preprocessing.sources import mnist
 from preprocessing.verify_processed import check_processed
 from training import launcher
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
+from training.rank.checkpointing import EpochCheckpoint
+from training.rank.divergence import DivergenceGuard, divergence
+from training.rank.run_dir import DIVERGED_NAME
 from training.verify_input import verify_input
-from training.worker import (
-    DIVERGED_NAME,
-    checkpoint_unless_diverged,
-    divergence,
-    divergence_guard,
-)
 
 PROCESSED = "fashion-mnist-processed"
 
@@ -55,17 +52,21 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The run folders ``horovodrun`` would have been started on (it is not)."""
     started: list[Path] = []
 
-    def launch(config: TrainConfig, run_dir: Path, progress: Callable[[str], None]) -> None:
+    def run_ranks(
+        config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress: Callable[[str], None]
+    ) -> None:
         started.append(run_dir)
         raise AssertionError("a rank was launched")
 
-    monkeypatch.setattr(launcher, "launch", launch)
+    monkeypatch.setattr(launcher, "run_ranks", run_ranks)
     return started
 
 
 def train(catalog: Catalog, runs_dir: Path) -> None:
     config = TrainConfig(model="cnn", num_ranks=1, epochs=1, batch_size=8)
-    launcher.train(catalog, "fashion-mnist", config=config, runs_dir=runs_dir)
+    launcher.train(
+        catalog, "fashion-mnist", config=config, launch=LaunchConfig(), runs_dir=runs_dir
+    )
 
 
 def train_file(catalog: Catalog) -> tuple[Manifest, Path]:
@@ -229,8 +230,8 @@ def fit_one_rank(
         optimizer=tf.keras.optimizers.legacy.Adam(learning_rate),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    guard = divergence_guard(lambda tensor, name: tensor.numpy())
-    checkpoint = checkpoint_unless_diverged(str(checkpoints / "epoch-{epoch:03d}.h5"), guard)
+    guard = DivergenceGuard(lambda tensor, name: tensor.numpy())
+    checkpoint = EpochCheckpoint(str(checkpoints / "epoch-{epoch:03d}.h5"), guard)
     model.fit(
         x[:512], y[:512], batch_size=32, epochs=epochs, callbacks=[guard, checkpoint], verbose=0
     )
@@ -271,14 +272,16 @@ def test_a_diverged_run_commits_nothing(
     """What rank 0 writes when the guard stopped the ranks becomes one line; the run folder
     goes or stays as after any failed launch: kept only with a checkpoint to resume from."""
 
-    def diverging_launch(config: TrainConfig, run_dir: Path, progress: Any) -> None:
+    def diverging_launch(
+        config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress: Any
+    ) -> None:
         if checkpointed:
             (run_dir / "checkpoints").mkdir()
             (run_dir / "checkpoints" / "epoch-001.h5").write_bytes(b"weights")
         where = {"epoch": 2, "step": 7, "reason": "loss nan"}
         (run_dir / DIVERGED_NAME).write_text(json.dumps(where))
 
-    monkeypatch.setattr(launcher, "launch", diverging_launch)
+    monkeypatch.setattr(launcher, "run_ranks", diverging_launch)
     with pytest.raises(ShardflowError) as raised:
         train(catalog, tmp_path / "runs")
     assert str(raised.value) == (

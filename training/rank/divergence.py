@@ -1,0 +1,89 @@
+"""Training that diverged stops on every rank after the same step: :func:`divergence` decides
+on one step's losses, :class:`DivergenceGuard` is the Keras callback that asks every rank."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+# A loss this many times the run's first step's loss has exploded, even while still finite.
+EXPLODED_FACTOR = 1e3
+# Steps between the ranks' checks that no rank diverged (and at every epoch's end).
+GUARD_EVERY = 16
+
+
+def divergence(
+    losses: Sequence[float], reference: float | None, factor: float = EXPLODED_FACTOR
+) -> str | None:
+    """What is wrong with every rank's loss of one step (``"loss nan"``), or None when training
+    goes on: a loss that is not finite, or above ``factor`` times ``reference`` (the loss of
+    the run's first step)."""
+    for loss in losses:
+        if not math.isfinite(loss):
+            return f"loss {loss}"
+        if reference is not None and loss > factor * reference:
+            return f"loss {loss:.4g}, over {factor:g} times the first step's {reference:.4g}"
+    return None
+
+
+class DivergenceGuard(tf.keras.callbacks.Callback):  # type: ignore[misc]  # Keras is untyped
+    """Stops training when any rank's loss diverged (:func:`divergence`) or, at an epoch's end,
+    any rank's weights are not finite; ``.diverged`` then says where ({"epoch", "step",
+    "reason"}, epoch and step from 1: the first step whose loss diverged).
+
+    ``allgather(tensor, name)`` gathers a row of every rank (Horovod's): every rank decides on
+    the same rows, so all of them stop after the same step, and none waits in an allreduce for
+    a peer that stopped. The ranks agree every :data:`GUARD_EVERY` steps and at each epoch's
+    end, not every step (one gather costs about a millisecond); each rank remembers its first
+    diverged step meanwhile, and the loss Keras reports is the epoch's running mean, in which
+    a NaN stays.
+    """
+
+    def __init__(self, allgather: Callable[[Any, str], Any]) -> None:
+        super().__init__()
+        self.allgather = allgather
+        self.diverged: dict[str, Any] | None = None
+        self._reference: float | None = None
+        self._epoch = 0
+        self._step = 0
+        self._loss = math.nan
+        self._first_diverged: tuple[int, float] | None = None
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch, self._step = epoch + 1, 0
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self._step = batch + 1  # Keras counts from 0
+        self._loss = float((logs or {}).get("loss", math.nan))
+        if self._first_diverged is None and divergence([self._loss], self._reference):
+            self._first_diverged = (self._step, self._loss)
+        # The first step gives the reference; the same steps on every rank.
+        if self._reference is None or self._step % GUARD_EVERY == 0:
+            self._agree(weights_finite=True)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.diverged is None:
+            self._agree(all(np.isfinite(w).all() for w in self.model.get_weights()))
+
+    def _agree(self, weights_finite: bool) -> None:
+        step, loss = self._first_diverged or (0, 0.0)
+        row = [float(step), loss, self._loss, 1.0 if weights_finite else 0.0]
+        # Horovod: every rank's row, in rank order, the same on every rank.
+        rows = np.asarray(self.allgather(tf.constant([row], tf.float64), "divergence_guard"))
+        rows = rows.reshape(-1, 4)
+        if self._reference is None and not rows[:, 0].any():
+            self._reference = float(rows[:, 2].max())
+        diverged = [(int(r[0]), float(r[1])) for r in rows if r[0] > 0]
+        if diverged:
+            step, loss = min(diverged, key=lambda d: d[0])
+            self._stop(step, divergence([loss], self._reference) or f"loss {loss}")
+        elif not rows[:, 3].all():
+            self._stop(self._step, "weights not finite")
+
+    def _stop(self, step: int, reason: str) -> None:
+        self.diverged = {"epoch": self._epoch, "step": step, "reason": reason}
+        self.model.stop_training = True
