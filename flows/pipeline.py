@@ -38,9 +38,10 @@ from flows import stages
 from flows.logs import route_library_logs
 from flows.settings import Settings
 from preprocessing import datasets
+from preprocessing.cluster import dask_runner
 from preprocessing.config import DEFAULT_MEMORY_LIMIT, ClusterConfig, JobOptions, usable_cores
 from preprocessing.datasets import IngestRequest, SkyServerOptions
-from preprocessing.driver import PassProgress, Result, Runner, TaskSpec, dask_runner
+from preprocessing.driver import PassProgress, Result, Runner, TaskSpec
 from training.config import TrainConfig
 
 

@@ -18,9 +18,10 @@ from typing import Any
 from flows import results
 from flows.settings import Settings
 from preprocessing import datasets, jobs
+from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import IngestRequest
-from preprocessing.driver import OnProgress, PassProgress, RunnerFactory, dask_runner, run_job
+from preprocessing.driver import OnProgress, PassProgress, RunnerFactory, run_job
 from training.config import TrainConfig
 
 Progress = Callable[[str], None]

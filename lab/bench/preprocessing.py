@@ -31,8 +31,9 @@ from typing import Any
 
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
+from preprocessing.cluster import dask_client
 from preprocessing.config import ClusterConfig, JobOptions
-from preprocessing.driver import Runner, dask_client, run_job, run_locally, run_passes
+from preprocessing.driver import Runner, run_job, run_locally, run_passes
 from preprocessing.jobs import plan
 
 Progress = Callable[[str], None]

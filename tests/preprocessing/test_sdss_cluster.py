@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_catalog import Catalog, Manifest
+from preprocessing.cluster import dask_client, dask_runner
 from preprocessing.config import ClusterConfig, JobOptions
-from preprocessing.driver import Runner, dask_client, dask_runner, run_passes
+from preprocessing.driver import Runner, run_passes
 from preprocessing.jobs import plan, preprocess
 from preprocessing.plan import PlanConfig
 from preprocessing.sources.exports import ingest_exports

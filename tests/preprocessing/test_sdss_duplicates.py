@@ -11,8 +11,9 @@ import pytest
 
 from data_catalog import Catalog, Manifest
 from preprocessing import sdss
+from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig, JobOptions
-from preprocessing.driver import PassProgress, RunnerFactory, dask_runner, serial_runner
+from preprocessing.driver import PassProgress, RunnerFactory, serial_runner
 from preprocessing.jobs import preprocess
 from preprocessing.plan import PlanConfig
 from preprocessing.sources.exports import ingest_exports
