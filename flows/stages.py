@@ -17,7 +17,7 @@ from typing import Any
 
 from flows import results
 from flows.settings import Settings
-from preprocessing import datasets, jobs
+from preprocessing import datasets
 from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import IngestRequest
@@ -93,9 +93,8 @@ def preprocess(
     """The latest raw version into a processed version, on ``cluster`` (the flows pass a
     ``runner`` of their own on it)."""
     tally = _Tally(on_progress or (lambda state: progress(state.describe())))
-    manifest = jobs.preprocess(
+    manifest = datasets.dataset(dataset).preprocess(
         settings.catalog(),
-        dataset,
         options=options,
         runner=runner or (lambda: dask_runner(cluster, progress)),
         work_root=settings.work_dir,
