@@ -70,13 +70,14 @@ def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.pass_progress() as on_progress:
         result = stages.ingest(
             ctx.settings,
-            args.dataset,
+            ctx.settings.catalog(),
+            datasets.dataset(args.dataset),
             request,
-            cluster=cluster,
+            runner=stages.dask_runners(cluster, ctx.progress),
             progress=ctx.progress,
             on_progress=on_progress,
         )
-    ctx.emit(result, [results.ingest_summary(result)])
+    ctx.emit(result.to_json(), [result.summary()])
     return 0
 
 
@@ -88,13 +89,14 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.pass_progress() as on_progress:
         result = stages.preprocess(
             ctx.settings,
-            args.dataset,
+            ctx.settings.catalog(),
+            datasets.dataset(args.dataset),
             options=options,
-            cluster=cluster,
+            runner=stages.dask_runners(cluster, ctx.progress),
             progress=ctx.progress,
             on_progress=on_progress,
         )
-    ctx.emit(result, [results.preprocess_summary(result)])
+    ctx.emit(result.to_json(), [result.summary()])
     return 0
 
 
@@ -102,8 +104,14 @@ def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
     from flows import stages
 
     _quiet_libraries(ctx)
-    result = stages.train(ctx.settings, args.dataset, _train_config(args), progress=ctx.progress)
-    ctx.emit(result, [results.train_summary(result)])
+    result = stages.train(
+        ctx.settings,
+        ctx.settings.catalog(),
+        datasets.dataset(args.dataset),
+        _train_config(args),
+        progress=ctx.progress,
+    )
+    ctx.emit(result.to_json(), [result.summary()])
     return 0
 
 
@@ -145,13 +153,11 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
             home=str(ctx.settings.home),
             source=request.source,
             skyserver=request.skyserver,
-            workers=cluster.workers,
-            scheduler=cluster.scheduler,
-            memory_limit=cluster.memory_limit,
+            cluster=cluster,
             options=job,
             train=train,
         )
-    ctx.emit(result, [results.train_summary(result)])
+    ctx.emit(result, [results.PipelineResult.from_json(result).summary()])
     return 0
 
 
