@@ -4,13 +4,16 @@
       ├─ shardflow-ingest       the driver: a task run per input file on Dask; progress, a
       │                         table of finished tasks, a table of the raw version's files
       ├─ shardflow-preprocess   the driver: every scan and write task a task run on Dask
-      │                         (a LocalCluster, or the `scheduler` parameter's cluster);
+      │                         (the `cluster` parameter: a LocalCluster, or a scheduler's);
       │                         progress, table of shards, summary with the Dask dashboard
       └─ shardflow-train        task horovodrun (its output streamed into the flow's logs);
-                                table of per-epoch metrics, summary
+                                the input table per epoch while it runs; table of per-epoch
+                                metrics, summary
 
-Flows only wire library calls (through :mod:`flows.stages`); the libraries never import
-Prefect.
+Each stage's flow run starts the same way (:func:`_start`): its settings read once from
+``home`` and the environment, one catalog, the dataset's registry entry looked up once; it
+hands them to :mod:`flows.stages` with a runner whose tasks are task runs. Flows only wire
+library calls; the libraries never import Prefect.
 """
 
 from __future__ import annotations
@@ -32,15 +35,18 @@ from prefect.artifacts import update_progress_artifact as _update_progress_artif
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from data_catalog import Manifest
+from data_catalog import Catalog, Manifest, model_name
 from data_catalog.errors import ShardflowError
 from flows import stages
 from flows.logs import route_library_logs
+from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
 from flows.settings import Settings
+from flows.stages import OnEpoch
 from preprocessing import datasets
-from preprocessing.config import DEFAULT_MEMORY_LIMIT, ClusterConfig, JobOptions, usable_cores
-from preprocessing.datasets import IngestRequest, SkyServerOptions
-from preprocessing.driver import PassProgress, Result, Runner, TaskSpec, dask_runner
+from preprocessing.cluster import dask_runner
+from preprocessing.config import ClusterConfig, JobOptions
+from preprocessing.datasets import Dataset, IngestRequest, SkyServerOptions
+from preprocessing.driver import PassProgress, Result, Runner, TaskSpec
 from training.config import LaunchConfig, TrainConfig
 
 
@@ -68,8 +74,10 @@ class _UserErrorsWithoutTracebacks(logging.Filter):
         return True
 
 
-def _start(dataset: str, home: str | None) -> Settings:
-    """What every flow does first: one-line user errors, its settings, a known dataset."""
+def _flow_run_edge(dataset: str, home: str | None) -> tuple[Settings, Dataset]:
+    """What every flow does first, once: one-line user errors; the dataset's registry entry
+    (an unknown name fails here, in one line); its settings, from ``home`` and the
+    environment."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
     if not os.environ.get(DEBUG_ENV):
@@ -78,10 +86,17 @@ def _start(dataset: str, home: str | None) -> Settings:
                 isinstance(f, _UserErrorsWithoutTracebacks) for f in handler.filters
             ):
                 handler.addFilter(_UserErrorsWithoutTracebacks())
-    datasets.dataset(dataset)  # an unknown name fails here, in one line
+    entry = datasets.dataset(dataset)
     settings = Settings.from_env(home=home)
     route_library_logs(settings.home / "logs")
-    return settings
+    return settings, entry
+
+
+def _start(dataset: str, home: str | None) -> tuple[Settings, Catalog, Dataset]:
+    """A stage's flow run: :func:`_flow_run_edge`, and its one catalog, which the stage and
+    the artifacts share."""
+    settings, entry = _flow_run_edge(dataset, home)
+    return settings, settings.catalog(), entry
 
 
 def _key(*parts: str) -> str:
@@ -177,12 +192,6 @@ class _ProgressArtifacts:
         update_progress_artifact(self.artifact, progress=100.0, description=description)
 
 
-def _cluster(workers: int | None, scheduler: str | None, memory_limit: str) -> ClusterConfig:
-    return ClusterConfig(
-        workers=workers or usable_cores(), scheduler=scheduler, memory_limit=memory_limit
-    )
-
-
 # --- ingest --------------------------------------------------------------------------------
 
 
@@ -192,28 +201,26 @@ def ingest_flow(
     home: str | None = None,
     source: str | None = None,
     skyserver: SkyServerOptions | None = None,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    memory_limit: str = DEFAULT_MEMORY_LIMIT,
+    cluster: ClusterConfig | None = None,
 ) -> dict[str, Any]:
     """Fetch and check the raw files of ``dataset`` into a raw catalog version: one task run
-    per input file on Dask (a LocalCluster of ``workers``, or ``scheduler``'s cluster)."""
-    settings = _start(dataset, home)
-    cluster = _cluster(workers, scheduler, memory_limit)
-    runs = _TaskRuns(cluster)
+    per input file on the Dask cluster ``cluster`` describes (default: a LocalCluster of one
+    worker per usable core)."""
+    settings, catalog, entry = _start(dataset, home)
+    runs = _TaskRuns(cluster or ClusterConfig())
     artifacts = _ProgressArtifacts(
         _key(dataset, "ingest"), f"listing {source or dataset}", lambda state: state.fraction
     )
     result = stages.ingest(
         settings,
-        dataset,
+        catalog,
+        entry,
         IngestRequest(source=source, skyserver=skyserver or SkyServerOptions()),
-        cluster=cluster,
-        progress=get_run_logger().info,
         runner=runs,
+        progress=get_run_logger().info,
         on_progress=artifacts,
     )
-    manifest = settings.catalog().get(dataset, result["version"])
+    manifest = catalog.get(result.dataset, result.version)
     artifacts.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
     create_table_artifact(
         key=_key(dataset, "raw-files"),
@@ -223,7 +230,7 @@ def ingest_flow(
         ],
         description=f"{dataset}@{manifest.version}: the fetched files",
     )
-    return result
+    return result.to_json()
 
 
 # --- preprocess ----------------------------------------------------------------------------
@@ -249,31 +256,29 @@ def _preprocess_bar(state: PassProgress) -> float:
 def preprocess_flow(
     dataset: str,
     home: str | None = None,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    memory_limit: str = DEFAULT_MEMORY_LIMIT,
+    cluster: ClusterConfig | None = None,
     options: JobOptions | None = None,
 ) -> dict[str, Any]:
-    """The latest raw version → processed shards, every task a task run on Dask: a
-    LocalCluster of ``workers`` processes, or the cluster of ``scheduler``
-    (tcp://host:8786), whose workers must see the catalog at the same path."""
-    settings = _start(dataset, home)
-    cluster = _cluster(workers, scheduler, memory_limit)
-    runs = _TaskRuns(cluster)
+    """The latest raw version → processed shards, every task a task run on the Dask cluster
+    ``cluster`` describes: a LocalCluster (default: one worker per usable core), or the
+    cluster of its ``scheduler`` (tcp://host:8786), whose workers must see the catalog at the
+    same path."""
+    settings, catalog, entry = _start(dataset, home)
+    runs = _TaskRuns(cluster or ClusterConfig())
     artifacts = _ProgressArtifacts(_key(dataset, "preprocess"), "planning", _preprocess_bar)
     result = stages.preprocess(
         settings,
-        dataset,
+        catalog,
+        entry,
         options=options or JobOptions(),
-        cluster=cluster,
-        progress=get_run_logger().info,
         runner=runs,
+        progress=get_run_logger().info,
         on_progress=artifacts,
     )
-    manifest = settings.catalog().get(result["name"], result["version"])
+    manifest = catalog.get(result.name, result.version)
     artifacts.finish(f"{manifest.rows:,} rows")
     _preprocess_artifacts(dataset, manifest, runs.dashboard)
-    return result
+    return result.to_json()
 
 
 def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | None) -> None:
@@ -313,11 +318,24 @@ def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | Non
 # --- train ---------------------------------------------------------------------------------
 
 
-@task(name="horovodrun")
+@task(name="horovodrun", cache_policy=NO_CACHE)
 def train_task(
-    settings: Settings, dataset: str, config: TrainConfig, launch: LaunchConfig
-) -> dict[str, Any]:
-    return stages.train(settings, dataset, config, launch, progress=get_run_logger().info)
+    settings: Settings,
+    catalog: Catalog,
+    dataset: Dataset,
+    config: TrainConfig,
+    launch: LaunchConfig,
+    on_epoch: OnEpoch,
+) -> TrainResult:
+    return stages.train(
+        settings,
+        catalog,
+        dataset,
+        config,
+        launch,
+        progress=get_run_logger().info,
+        on_epoch=on_epoch,
+    )
 
 
 @flow(name="shardflow-train")
@@ -329,22 +347,46 @@ def train_flow(
 ) -> dict[str, Any]:
     """Train on the latest processed version with horovodrun, where and how ``launch`` says;
     commit the model (the dataset's default model unless ``config`` names one)."""
-    settings = _start(dataset, home)
-    result = train_task(settings, dataset, config or TrainConfig(), launch or LaunchConfig())
+    settings, catalog, entry = _start(dataset, home)
+    config = stages.with_default_model(entry, config or TrainConfig())
+    assert config.model is not None  # with_default_model resolves it
+    on_epoch = input_by_epoch_table(model_name(entry.name, config.model), get_run_logger().info)
+    result = train_task(settings, catalog, entry, config, launch or LaunchConfig(), on_epoch)
     _train_artifacts(result)
-    _input_artifacts(settings, result)
-    return result
+    _input_artifacts(result)
+    return result.to_json()
 
 
-def _input_artifacts(settings: Settings, result: dict[str, Any]) -> None:
+def input_by_epoch_table(model: str, progress: stages.Progress) -> OnEpoch:
+    """An epoch hook publishing each epoch's per-rank input table as a new version of the
+    table artifact ``<model>-input-by-epoch``, in the flow or task run it is called in."""
+    from training.input_metrics import epoch_table
+
+    def publish(entry: dict[str, Any]) -> None:
+        try:
+            create_table_artifact(
+                key=_key(model, "input-by-epoch"),
+                table=epoch_table(entry),
+                description=f"{model}: each rank's input in epoch {entry['epoch'] + 1}, and "
+                "its rolling window at the epoch's end",
+            )
+        except Exception as exc:
+            # Any API failure: raising here would stop horovodrun (the launcher stops it on any
+            # exception from its progress callback), and a view must not stop training. Said,
+            # not swallowed; the table after training still comes.
+            progress(f"input view: epoch {entry['epoch'] + 1} not published: {exc!r}")
+
+    return publish
+
+
+def _input_artifacts(result: TrainResult) -> None:
     """Every rank's input after training, as a table (the train stage wrote the HTML report
     in the run folder)."""
-    input_by_rank = result.get("input_by_rank")
-    if not input_by_rank:
+    if not result.input_by_rank:
         return
-    flags = (result.get("input_summary") or {}).get("flags", {})
+    flags = (result.input_summary or {}).get("flags", {})
     create_table_artifact(
-        key=_key(result["model_name"], "input-by-rank"),
+        key=_key(result.model_name, "input-by-rank"),
         table=[
             {
                 "rank": r["rank"],
@@ -356,48 +398,48 @@ def _input_artifacts(settings: Settings, result: dict[str, Any]) -> None:
                 "row groups read": r["row_groups_read"],
                 "flags": ", ".join(flags.get(str(r["rank"]), [])),
             }
-            for r in input_by_rank
+            for r in result.input_by_rank
         ],
-        description=f"{result['model_name']}@{result['version']}: each rank's input",
+        description=f"{result.model_version}: each rank's input",
     )
 
 
-def _train_artifacts(result: dict[str, Any]) -> None:
-    history = result["history"]
+def _train_artifacts(result: TrainResult) -> None:
+    history = result.history
     create_table_artifact(
-        key=_key(result["model_name"], "epochs"),
+        key=_key(result.model_name, "epochs"),
         table=[
             {
-                "epoch": epoch + 1 + result["resumed_after_epoch"],
+                "epoch": epoch + 1 + result.resumed_after_epoch,
                 **{name: values[epoch] for name, values in history.items()},
             }
             for epoch in range(len(history.get("loss", [])))
         ],
-        description=f"{result['model_name']}@{result['version']}: per-epoch metrics (rank 0)",
+        description=f"{result.model_version}: per-epoch metrics (rank 0)",
     )
-    curves = Path(result["run_dir"]) / "curves.png"
-    if curves.exists():
+    curves = Path(result.run_dir) / "curves.png" if result.run_dir else None
+    if curves is not None and curves.exists():
         # The UI has no image upload; an inline PNG in markdown renders on the artifact page.
         encoded = base64.b64encode(curves.read_bytes()).decode()
         create_markdown_artifact(
-            key=_key(result["model_name"], "curves"),
-            markdown=f"## {result['model_name']}@{result['version']}: training curves\n\n"
+            key=_key(result.model_name, "curves"),
+            markdown=f"## {result.model_version}: training curves\n\n"
             f"![training curves](data:image/png;base64,{encoded})\n",
             description="per-epoch loss and accuracy from rank 0",
         )
     create_markdown_artifact(
-        key=_key(result["model_name"], "summary"),
+        key=_key(result.model_name, "summary"),
         markdown=(
-            f"## {result['model_name']}@{result['version']}\n\n"
-            f"- test accuracy **{result['test_accuracy']:.4f}** on {result['test_rows']:,} "
+            f"## {result.model_version}\n\n"
+            f"- test accuracy **{result.test_accuracy:.4f}** on {result.test_rows:,} "
             f"held-out rows\n"
-            f"- {result['num_ranks']} ranks, {result['epochs']} epochs, "
-            f"{result['samples_per_second']:.0f} samples/s\n"
-            f"- allreduce payload per rank per epoch: {result['allreduce_bytes_per_epoch']:,} "
+            f"- {result.num_ranks} ranks, {result.epochs} epochs, "
+            f"{result.samples_per_second:.0f} samples/s\n"
+            f"- allreduce payload per rank per epoch: {result.allreduce_bytes_per_epoch:,} "
             f"bytes\n"
-            f"- trained on `{result['dataset_version']}`; run directory `{result['run_dir']}`\n"
-            f"- training curves: `{result['run_dir']}/curves.png`, TensorBoard logs: "
-            f"`tensorboard --logdir {result['run_dir']}/tensorboard`\n"
+            f"- trained on `{result.dataset_version}`; run directory `{result.run_dir}`\n"
+            f"- training curves: `{result.run_dir}/curves.png`, TensorBoard logs: "
+            f"`tensorboard --logdir {result.run_dir}/tensorboard`\n"
         ),
     )
 
@@ -432,38 +474,31 @@ def pipeline(
     home: str | None = None,
     source: str | None = None,
     skyserver: SkyServerOptions | None = None,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    memory_limit: str = DEFAULT_MEMORY_LIMIT,
+    cluster: ClusterConfig | None = None,
     options: JobOptions | None = None,
     train: TrainConfig | None = None,
     launch: LaunchConfig | None = None,
 ) -> dict[str, Any]:
-    """Ingest → preprocess → train, each a flow run of its own under this one."""
-    settings = _start(dataset, home)
+    """Ingest → preprocess → train, each a flow run of its own under this one, on the same
+    ``home`` and Dask ``cluster``."""
+    # Before any stage's flow run: an unknown dataset or an unusable home fails here. The
+    # stages' flow runs get (and record) the same resolved home and cluster.
+    settings, _entry = _flow_run_edge(dataset, home)
     home = str(settings.home)
-    raw = ingest_flow(
-        dataset=dataset,
-        home=home,
-        source=source,
-        skyserver=skyserver,
-        workers=workers,
-        scheduler=scheduler,
-        memory_limit=memory_limit,
+    cluster = cluster or ClusterConfig()
+    raw = IngestResult.from_json(
+        ingest_flow(dataset=dataset, home=home, source=source, skyserver=skyserver, cluster=cluster)
     )
-    processed = preprocess_flow(
-        dataset=dataset,
-        home=home,
-        workers=workers,
-        scheduler=scheduler,
-        memory_limit=memory_limit,
-        options=options,
+    processed = PreprocessResult.from_json(
+        preprocess_flow(dataset=dataset, home=home, cluster=cluster, options=options)
     )
-    trained = train_flow(dataset=dataset, home=home, config=train, launch=launch)
-    return {
-        **trained,
-        "raw_version": raw["version"],
-        "processed_version": processed["version"],
-        "rows": raw["rows"],
-        "flow_run_id": str(flow_run.id),
-    }
+    trained = TrainResult.from_json(
+        train_flow(dataset=dataset, home=home, config=train, launch=launch)
+    )
+    return PipelineResult(
+        trained=trained,
+        raw_version=raw.version,
+        processed_version=processed.version,
+        rows=raw.rows,
+        flow_run_id=str(flow_run.id),
+    ).to_json()

@@ -1,26 +1,31 @@
-"""The three stages as plain calls returning JSON-ready results (:mod:`flows.results`).
+"""The three stages as plain calls returning typed results (:mod:`flows.results`).
 
-The CLI calls these directly; the Prefect flows in ``flows.pipeline`` call the same functions
-inside their flow runs, handing preprocessing a runner that makes every task a task run.
-Nothing here imports Prefect but :func:`prefect_epoch_table`, and only inside a Prefect run
-(where Prefect is loaded already).
+    the edge: a CLI command, or a flow run of flows.pipeline
+      │  Settings (read once), one Catalog, the Dataset (looked up once), a runner factory
+      ▼
+    ingest ─── Dataset.ingest ─────── driver.run_job ─▶ IngestResult
+    preprocess ─ Dataset.preprocess ── driver.run_job ─▶ PreprocessResult
+    train ──── training.launcher.train (horovodrun) ──▶ TrainResult (+ the HTML report)
+
+The CLI hands in a runner on a plain Dask client (:func:`dask_runners`); the Prefect flows one
+whose tasks are task runs, and an epoch hook that publishes the input table while training
+runs. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from data_catalog import Catalog
 from flows import results
+from flows.results import IngestResult, PreprocessResult, TaskTally, TrainResult
 from flows.settings import Settings
-from preprocessing import datasets, jobs
 from preprocessing.config import ClusterConfig, JobOptions
-from preprocessing.datasets import IngestRequest
-from preprocessing.driver import OnProgress, PassProgress, RunnerFactory, dask_runner, run_job
+from preprocessing.datasets import Dataset, IngestRequest
+from preprocessing.driver import OnProgress, PassProgress, RunnerFactory
 from training.config import LaunchConfig, TrainConfig
 
 Progress = Callable[[str], None]
@@ -28,10 +33,17 @@ OnEpoch = Callable[[dict[str, Any]], None]
 """Called with each finished epoch's entry of training.input_metrics.EpochLog."""
 
 
+def dask_runners(cluster: ClusterConfig, progress: Progress) -> RunnerFactory:
+    """The CLI's runner factory: a Dask cluster as ``cluster`` describes (a LocalCluster, a
+    scheduler's or SLURM jobs), started only once a job has work to do."""
+    from preprocessing.cluster import dask_runner
+
+    return lambda: dask_runner(cluster, progress)
+
+
 class _Tally:
     """Passes progress on, and keeps each pass's task count and how many of its tasks found
-    their output already there (an interrupted run's): {pass: {"tasks": n, "reused": k}}, and
-    what the tasks' processes used."""
+    their output already there (an interrupted run's), and what the tasks' processes used."""
 
     def __init__(self, on_progress: OnProgress) -> None:
         self.on_progress = on_progress
@@ -45,71 +57,65 @@ class _Tally:
     def keep_usage(self, usage: dict[str, Any]) -> None:
         self.usage = usage
 
-    def summary(self) -> dict[str, Any]:
-        """{"tasks": ..., "resources": peak RSS and CPU seconds of the workers and driver}."""
-        return {"tasks": self.counts, **({"resources": self.usage} if self.usage else {})}
+    def result(self) -> TaskTally:
+        return TaskTally(tasks=self.counts, resources=self.usage)
 
 
 def ingest(
     settings: Settings,
-    dataset: str,
+    catalog: Catalog,
+    dataset: Dataset,
     request: IngestRequest,
     *,
-    cluster: ClusterConfig,
+    runner: RunnerFactory,
     progress: Progress,
-    runner: RunnerFactory | None = None,
     on_progress: OnProgress | None = None,
-) -> dict[str, Any]:
-    """The dataset's raw files into a raw version: one task per input file on ``cluster`` (the
-    flows pass a ``runner`` of their own on it)."""
+) -> IngestResult:
+    """The dataset's raw files into a raw version: one task per input file on ``runner``."""
     if request.work_dir is None:
         request = replace(request, work_dir=settings.work_dir)
-    catalog = settings.catalog()
-    job = datasets.dataset(dataset).plan_ingest(catalog, request)
     tally = _Tally(on_progress or (lambda state: progress(state.describe())))
-    manifest = run_job(
+    manifest = dataset.ingest(
         catalog,
-        job,
-        runner=runner or (lambda: dask_runner(cluster, progress)),
+        request,
+        runner=runner,
         work_root=settings.work_dir,
         progress=progress,
         on_progress=tally,
         on_usage=tally.keep_usage,
     )
-    return {**results.ingest_result(dataset, manifest), **tally.summary()}
+    return results.ingest_result(dataset.name, manifest, tally.result())
 
 
 def preprocess(
     settings: Settings,
-    dataset: str,
+    catalog: Catalog,
+    dataset: Dataset,
     *,
     options: JobOptions,
-    cluster: ClusterConfig,
+    runner: RunnerFactory,
     progress: Progress,
-    runner: RunnerFactory | None = None,
     on_progress: OnProgress | None = None,
-) -> dict[str, Any]:
-    """The latest raw version into a processed version, on ``cluster`` (the flows pass a
-    ``runner`` of their own on it)."""
+) -> PreprocessResult:
+    """The latest raw version into a processed version, its tasks on ``runner``."""
     tally = _Tally(on_progress or (lambda state: progress(state.describe())))
-    manifest = jobs.preprocess(
-        settings.catalog(),
-        dataset,
+    manifest = dataset.preprocess(
+        catalog,
         options=options,
-        runner=runner or (lambda: dask_runner(cluster, progress)),
+        runner=runner,
         work_root=settings.work_dir,
         progress=progress,
         on_progress=tally,
         on_usage=tally.keep_usage,
     )
-    return {**results.preprocess_result(dataset, manifest), **tally.summary()}
+    return results.preprocess_result(dataset.name, manifest, tally.result())
 
 
-def with_default_model(dataset: str, config: TrainConfig) -> TrainConfig:
+def with_default_model(dataset: Dataset, config: TrainConfig) -> TrainConfig:
     """``config`` with the dataset's default model where it names none."""
     if config.model is not None:
         return config
-    return replace(config, model=datasets.dataset(dataset).default_model)
+    return replace(config, model=dataset.default_model)
 
 
 class EpochWatch:
@@ -147,79 +153,39 @@ class EpochWatch:
                 self.on_epoch(entry)
 
 
-def artifact_key(name: str, what: str) -> str:
-    """A Prefect artifact key (lowercase letters, digits and dashes only)."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"{name}-{what}".lower()).strip("-")
-
-
-def prefect_epoch_table(model: str, progress: Progress) -> OnEpoch | None:
-    """Inside a Prefect flow or task run: a callback publishing each epoch's per-rank input
-    table as a new version of the table artifact ``<model>-input-by-epoch``; None elsewhere
-    (the CLI, which does not load Prefect)."""
-    if "prefect" not in sys.modules:
-        return None
-    from prefect.artifacts import create_table_artifact
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    if FlowRunContext.get() is None and TaskRunContext.get() is None:
-        return None
-    from training.input_metrics import epoch_table
-
-    def publish(entry: dict[str, Any]) -> None:
-        try:
-            create_table_artifact(
-                key=artifact_key(model, "input-by-epoch"),
-                table=epoch_table(entry),
-                description=f"{model}: each rank's input in epoch {entry['epoch'] + 1}, and "
-                "its rolling window at the epoch's end",
-            )
-        except Exception as exc:
-            # Any API failure: raising here would stop horovodrun (the launcher stops it on any
-            # exception from its progress callback), and a view must not stop training. Said,
-            # not swallowed; the table after training still comes.
-            progress(f"input view: epoch {entry['epoch'] + 1} not published: {exc!r}")
-
-    return publish
-
-
 def train(
     settings: Settings,
-    dataset: str,
+    catalog: Catalog,
+    dataset: Dataset,
     config: TrainConfig,
     launch: LaunchConfig,
     *,
     progress: Progress,
     on_epoch: OnEpoch | None = None,
-) -> dict[str, Any]:
+) -> TrainResult:
     """Train on the latest processed version with horovodrun, as ``launch`` says; commit the
     model.
 
-    ``on_epoch`` receives every rank's input figures after each epoch, while training runs;
-    by default, inside a Prefect run, they become a new version of a table artifact per epoch
-    (:func:`prefect_epoch_table`).
+    ``on_epoch`` receives every rank's input figures after each epoch, while training runs
+    (the train flow publishes them as a table artifact); None: only the progress lines.
     """
-    from data_catalog import model_name
     from training.launcher import train as train_model
 
     config = with_default_model(dataset, config)
-    assert config.model is not None  # with_default_model resolves it
-    if on_epoch is None:
-        on_epoch = prefect_epoch_table(model_name(dataset, config.model), progress)
     manifest, metrics = train_model(
-        settings.catalog(),
-        dataset,
+        catalog,
+        dataset.name,
         config=config,
         launch=launch,
         runs_dir=settings.runs_dir,
         progress=EpochWatch(progress, on_epoch) if on_epoch is not None else progress,
     )
-    result = results.train_result(dataset, manifest, metrics)
-    run_dir = result.get("run_dir")
-    if run_dir and Path(run_dir).is_dir():
+    result = results.train_result(dataset.name, manifest, metrics)
+    if result.run_dir and Path(result.run_dir).is_dir():
         from training.report import write_report
 
         # The one view of this model version (docs/training.md, "Input view").
-        report = write_report(settings.catalog(), manifest.name, manifest.version, None)
-        result["report"] = str(report)
+        report = write_report(catalog, manifest.name, manifest.version, None)
+        result = replace(result, report=str(report))
         progress(f"report: {report}")
     return result

@@ -6,8 +6,13 @@ preprocessing, its default output format and model, and how to make a synthetic 
                      ├ format: parquet          model: dnn
                      └ synth:  calibrated CasJobs-style exports
 
+    dataset(name) ─▶ Dataset ─ ingest(catalog, request, runner=...)   ─▶ raw version
+                             └ preprocess(catalog, options, runner=...) ─▶ processed version
+                               (the latest raw version ─ plan ─ driver.run_job ─ commit)
+
 The CLI's choices, the stage functions, the Prefect flows and their deployments all read this
-table; nothing else names datasets. Sources and planners are imported when called, so that
+table; nothing else names datasets. The edge (a CLI command, a flow run) looks a name up once
+and hands the :class:`Dataset` down. Sources and planners are imported when called, so that
 reading the table costs nothing.
 """
 
@@ -16,13 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from data_catalog import Catalog, Manifest
 from data_catalog.errors import ConfigError, ShardflowError
 from preprocessing.config import JobOptions
-from preprocessing.driver import Job
+from preprocessing.driver import Job, OnProgress, Progress, RunnerFactory, run_job
 
-Progress = Callable[[str], None]
+OnUsage = Callable[[dict[str, Any]], None]
+"""Hears the workers' and the driver's peak RSS and CPU seconds once a job's tasks are done."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +112,57 @@ class Dataset:
             raise ShardflowError(f"{self.name}@{raw.version} is {raw.kind}, expected a raw version")
         return self.plan(
             catalog, raw, replace(options, format=options.format or self.default_format)
+        )
+
+    def ingest(
+        self,
+        catalog: Catalog,
+        request: IngestRequest,
+        *,
+        runner: RunnerFactory,
+        work_root: Path | None = None,
+        progress: Progress = lambda _msg: None,
+        on_progress: OnProgress | None = None,
+        on_usage: OnUsage | None = None,
+    ) -> Manifest:
+        """Fetch and check the raw files ``request`` names into a raw version: one task per
+        input file on ``runner``'s workers. The same bytes make the same version, which is
+        returned without a second commit."""
+        return run_job(
+            catalog,
+            self.plan_ingest(catalog, request),
+            runner=runner,
+            work_root=work_root,
+            progress=progress,
+            on_progress=on_progress,
+            on_usage=on_usage,
+        )
+
+    def preprocess(
+        self,
+        catalog: Catalog,
+        *,
+        options: JobOptions,
+        runner: RunnerFactory,
+        work_root: Path | None = None,
+        progress: Progress = lambda _msg: None,
+        on_progress: OnProgress | None = None,
+        on_usage: OnUsage | None = None,
+    ) -> Manifest:
+        """Turn the latest raw version of this dataset into a processed version
+        ("<name>-processed", its parent the raw version).
+
+        Returns the existing version, doing no work, when the same raw version was already
+        processed with the same parameters and code.
+        """
+        return run_job(
+            catalog,
+            self.plan_preprocessing(catalog, options),
+            runner=runner,
+            work_root=work_root,
+            progress=progress,
+            on_progress=on_progress,
+            on_usage=on_usage,
         )
 
 

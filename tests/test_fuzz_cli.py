@@ -201,7 +201,7 @@ def light(monkeypatch: pytest.MonkeyPatch, fuzz_home: dict[str, Path]) -> None:
     import flows.commands.bench as bench_commands
     import flows.commands.server as server_commands
     import flows.prefect_server
-    import flows.stages
+    import preprocessing.cluster
     import training.launcher
     from preprocessing.driver import serial_runner
     from preprocessing.sources import sdss
@@ -212,7 +212,7 @@ def light(monkeypatch: pytest.MonkeyPatch, fuzz_home: dict[str, Path]) -> None:
     monkeypatch.setenv("SHARDFLOW_HOME", str(fuzz_home["home"]))
     for name in ("SHARDFLOW_CATALOG", "SHARDFLOW_CATALOG_URL", "PREFECT_API_URL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(flows.stages, "dask_runner", lambda *_a, **_k: serial_runner())
+    monkeypatch.setattr(preprocessing.cluster, "dask_runner", lambda *_a, **_k: serial_runner())
     monkeypatch.setattr(training.launcher, "train", _refuse)
     monkeypatch.setattr(flows.prefect_server, "api_for_this_command", _refusing_context)
     monkeypatch.setattr(sdss._SkyServer, "fetch", _refuse)

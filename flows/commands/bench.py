@@ -31,7 +31,10 @@ def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any],
     from lab.bench.preprocessing import bench_preprocess
 
     result = bench_preprocess(
-        ctx.settings.catalog(), args.dataset, rounds=args.rounds, progress=ctx.progress
+        ctx.settings.catalog(),
+        datasets.dataset(args.dataset),
+        rounds=args.rounds,
+        progress=ctx.progress,
     )
     return result, [
         f"rows/s, 2 Dask workers ÷ single-process baseline: {result['ratio']:.3f}",

@@ -15,18 +15,21 @@ from typing import Any
 from data_catalog.errors import ShardflowError
 from flows.console import Context
 from flows.options import whole_number
-from lab.experiments import EXPERIMENTS, ExperimentRequest, Sample, experiment
+from flows.results import TrainResult
+from lab.experiments import EXPERIMENTS, ExperimentRequest, Prepared, Sample, experiment
 from lab.experiments.sources import ExperimentSources, source_flag
 from lab.netns import RankHosts
 from training.config import LaunchConfig, TrainConfig
 
 
 class _StagesPipeline:
-    """lab.experiments.Pipeline on the CLI's own stage functions (flows.stages)."""
+    """lab.experiments.Pipeline on the CLI's own stage functions (flows.stages), on the one
+    catalog of the command."""
 
     def __init__(self, ctx: Context, sources: ExperimentSources) -> None:
         self.ctx = ctx
         self.sources = sources
+        self.catalog = ctx.settings.catalog()
 
     def progress(self, message: str) -> None:
         self.ctx.progress(message)
@@ -38,41 +41,45 @@ class _StagesPipeline:
         sample: Sample | None,
         synthetic_rows: int,
         rank_multiple: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> Prepared:
         from flows import stages
+        from preprocessing import datasets
         from preprocessing.config import ClusterConfig, JobOptions
         from preprocessing.datasets import IngestRequest
         from preprocessing.plan import PlanConfig
 
+        entry = datasets.dataset(dataset)
         source, synthetic = self.sources.resolve(dataset, sample, synthetic_rows)
-        cluster = ClusterConfig()
+        runner = stages.dask_runners(ClusterConfig(), self.ctx.progress)
         with self.ctx.pass_progress() as on_progress:
             raw = stages.ingest(
                 self.ctx.settings,
-                dataset,
+                self.catalog,
+                entry,
                 IngestRequest(source=source),
-                cluster=cluster,
+                runner=runner,
                 progress=self.ctx.progress,
                 on_progress=on_progress,
             )
             processed = stages.preprocess(
                 self.ctx.settings,
-                dataset,
+                self.catalog,
+                entry,
                 options=JobOptions(
                     plan=PlanConfig()
                     if rank_multiple is None
                     else PlanConfig(rank_multiple=rank_multiple)
                 ),
-                cluster=cluster,
+                runner=runner,
                 progress=self.ctx.progress,
                 on_progress=on_progress,
             )
-        return {
-            "source": self.sources.describe(dataset, sample, synthetic_rows),
-            "synthetic": synthetic,
-            "raw": raw,
-            "processed": processed,
-        }
+        return Prepared(
+            source=self.sources.describe(dataset, sample, synthetic_rows),
+            synthetic=synthetic,
+            raw=raw,
+            processed=processed,
+        )
 
     def train(
         self,
@@ -81,19 +88,25 @@ class _StagesPipeline:
         launch: LaunchConfig | None = None,
         *,
         on: RankHosts | None = None,
-    ) -> dict[str, Any]:
+    ) -> TrainResult:
         from flows import stages
+        from preprocessing import datasets
 
         launch = launch or LaunchConfig()
         if on is None:
             return stages.train(
-                self.ctx.settings, dataset, config, launch, progress=self.ctx.progress
+                self.ctx.settings,
+                self.catalog,
+                datasets.dataset(dataset),
+                config,
+                launch,
+                progress=self.ctx.progress,
             )
         return self._train_in(on, dataset, config, launch)
 
     def _train_in(
         self, on: RankHosts, dataset: str, config: TrainConfig, launch: LaunchConfig
-    ) -> dict[str, Any]:
+    ) -> TrainResult:
         """``shardflow train`` run in the hosts' head namespace, as a user there would: its
         ssh (on PATH) reaches the rank hosts; the catalog is this home's, on the shared disk."""
         from flows.options import command_line
@@ -121,8 +134,7 @@ class _StagesPipeline:
         if returncode != 0:
             last = next((line for line in reversed(lines) if line.strip()), "no output")
             raise ShardflowError(f"train on {launch.hosts} failed ({returncode}): {last}")
-        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-        return result
+        return TrainResult.from_json(json.loads(out.strip().splitlines()[-1]))
 
 
 def cmd_experiment(ctx: Context, args: argparse.Namespace) -> int:

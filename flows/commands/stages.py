@@ -74,13 +74,14 @@ def cmd_ingest(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.pass_progress() as on_progress:
         result = stages.ingest(
             ctx.settings,
-            args.dataset,
+            ctx.settings.catalog(),
+            datasets.dataset(args.dataset),
             request,
-            cluster=cluster,
+            runner=stages.dask_runners(cluster, ctx.progress),
             progress=ctx.progress,
             on_progress=on_progress,
         )
-    ctx.emit(result, [results.ingest_summary(result)])
+    ctx.emit(result.to_json(), [result.summary()])
     return 0
 
 
@@ -92,13 +93,14 @@ def cmd_preprocess(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.pass_progress() as on_progress:
         result = stages.preprocess(
             ctx.settings,
-            args.dataset,
+            ctx.settings.catalog(),
+            datasets.dataset(args.dataset),
             options=options,
-            cluster=cluster,
+            runner=stages.dask_runners(cluster, ctx.progress),
             progress=ctx.progress,
             on_progress=on_progress,
         )
-    ctx.emit(result, [results.preprocess_summary(result)])
+    ctx.emit(result.to_json(), [result.summary()])
     return 0
 
 
@@ -107,8 +109,15 @@ def cmd_train(ctx: Context, args: argparse.Namespace) -> int:
 
     _quiet_libraries(ctx)
     train, launch = _train_configs(args)
-    result = stages.train(ctx.settings, args.dataset, train, launch, progress=ctx.progress)
-    ctx.emit(result, [results.train_summary(result)])
+    result = stages.train(
+        ctx.settings,
+        ctx.settings.catalog(),
+        datasets.dataset(args.dataset),
+        train,
+        launch,
+        progress=ctx.progress,
+    )
+    ctx.emit(result.to_json(), [result.summary()])
     return 0
 
 
@@ -150,14 +159,12 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
             home=str(ctx.settings.home),
             source=request.source,
             skyserver=request.skyserver,
-            workers=cluster.workers,
-            scheduler=cluster.scheduler,
-            memory_limit=cluster.memory_limit,
+            cluster=cluster,
             options=job,
             train=train,
             launch=launch,
         )
-    ctx.emit(result, [results.train_summary(result)])
+    ctx.emit(result, [results.PipelineResult.from_json(result).summary()])
     return 0
 
 

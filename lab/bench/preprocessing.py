@@ -31,9 +31,10 @@ from typing import Any
 
 from data_catalog import Catalog
 from data_catalog.errors import ShardflowError
+from preprocessing.cluster import dask_client
 from preprocessing.config import ClusterConfig, JobOptions
-from preprocessing.driver import Runner, dask_client, run_job, run_locally, run_passes
-from preprocessing.jobs import plan
+from preprocessing.datasets import Dataset
+from preprocessing.driver import Runner, run_job, run_locally, run_passes
 
 Progress = Callable[[str], None]
 
@@ -102,14 +103,14 @@ def _summary(
 
 def bench_preprocess(
     catalog: Catalog,
-    dataset: str,
+    dataset: Dataset,
     *,
     workers: int = 2,
     rounds: int = 3,
     options: JobOptions | None = None,
     progress: Progress = lambda _msg: None,
 ) -> dict[str, Any]:
-    job = plan(catalog, dataset, options or JobOptions())
+    job = dataset.plan_preprocessing(catalog, options or JobOptions())
     module = type(job).__module__
     _warm_up(module)
     load_before = os.getloadavg()
@@ -144,7 +145,7 @@ def bench_preprocess(
         peak_rss = client.run(_peak_rss_bytes)
     return {
         **_summary("preprocess", rows, measured, "baseline", "dask"),
-        "dataset": dataset,
+        "dataset": dataset.name,
         "raw_version": job.raw.version if hasattr(job, "raw") else None,
         "shards": len(written),
         "workers": workers,

@@ -15,9 +15,17 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
+from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Prepared, Sample
 
-__all__ = ["EXPERIMENTS", "Experiment", "ExperimentRequest", "Pipeline", "Sample", "experiment"]
+__all__ = [
+    "EXPERIMENTS",
+    "Experiment",
+    "ExperimentRequest",
+    "Pipeline",
+    "Prepared",
+    "Sample",
+    "experiment",
+]
 
 # Modules of this package that hold the shared machinery, not an experiment.
 _MACHINERY = frozenset({"base", "report", "sources"})

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from data_catalog.errors import ConfigError
+from data_catalog.errors import ConfigError, ShardflowError
 from lab.netns import RankHosts
 from training.config import LaunchConfig, TrainConfig
 
@@ -38,6 +39,119 @@ class ExperimentRequest:
             raise ConfigError("epochs", f"must be a whole number of at least 1, got {self.epochs}")
 
 
+# What an experiment reads of the stages' results. The flows layer defines the results
+# (flows.results: IngestResult, PreprocessResult, TrainResult) and hands them in; these
+# protocols name the attributes the experiments read, so that the lab needs no flows import.
+
+
+class RawVersion(Protocol):
+    """The ingest stage's result."""
+
+    @property
+    def dataset(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+class ProcessedVersion(Protocol):
+    """The preprocess stage's result."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def splits(self) -> Mapping[str, Mapping[str, Any]]:
+        """Each split's statistics (``rows`` among them)."""
+        ...
+
+
+class TrainedModel(Protocol):
+    """The train stage's result."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def model_version(self) -> str:
+        """ "<model_name>@<version>"."""
+        ...
+
+    @property
+    def dataset_version(self) -> str: ...
+
+    @property
+    def num_ranks(self) -> int: ...
+
+    @property
+    def epochs(self) -> int: ...
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int | None: ...
+
+    @property
+    def test_accuracy(self) -> float: ...
+
+    @property
+    def test_rows(self) -> int: ...
+
+    @property
+    def train_seconds(self) -> float: ...
+
+    @property
+    def epoch_seconds(self) -> list[float] | None: ...
+
+    @property
+    def samples_per_second(self) -> float: ...
+
+    @property
+    def allreduce_bytes_by_epoch(self) -> list[int] | None: ...
+
+    @property
+    def wire_sent_by_rank(self) -> list[dict[str, Any]] | None: ...
+
+    @property
+    def run_dir(self) -> str | None: ...
+
+
+def run_metrics(trained: TrainedModel) -> dict[str, Any]:
+    """Everything rank 0 measured in the training run (its run folder's metrics.json), beyond
+    what the stage's result carries."""
+    if trained.run_dir is None:
+        raise ShardflowError(f"{trained.model_version} names no run folder to read metrics from")
+    metrics: dict[str, Any] = json.loads((Path(trained.run_dir) / "metrics.json").read_text())
+    return metrics
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A dataset ingested and preprocessed for an experiment."""
+
+    source: str
+    """What was read, in words, for the report."""
+    synthetic: bool
+    raw: RawVersion
+    processed: ProcessedVersion
+    """The latest processed version: the one training reads."""
+
+    @property
+    def raw_version(self) -> str:
+        return f"{self.raw.dataset}@{self.raw.version}"
+
+    @property
+    def processed_version(self) -> str:
+        return f"{self.processed.name}@{self.processed.version}"
+
+
 class Pipeline(Protocol):
     """shardflow's own stages, as an experiment drives them."""
 
@@ -48,13 +162,11 @@ class Pipeline(Protocol):
         sample: Sample | None,
         synthetic_rows: int,
         rank_multiple: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> Prepared:
         """Ingest and preprocess ``dataset`` (only ``sample`` of its source when given; a
         synthetic source of ``synthetic_rows`` where no real one can be had) into a number of
         equal row groups that is a multiple of ``rank_multiple`` (None: the planner's
-        default, 64: for 1, 2, 4 ... ranks; 60 serves 1 to 6); returns
-        {"source": what was read, "synthetic": bool, "raw": ingest result, "processed":
-        preprocess result}. The processed version is the latest, the one training reads."""
+        default, 64: for 1, 2, 4 ... ranks; 60 serves 1 to 6)."""
         ...
 
     def train(
@@ -64,10 +176,10 @@ class Pipeline(Protocol):
         launch: LaunchConfig | None = None,
         *,
         on: RankHosts | None = None,
-    ) -> dict[str, Any]:
+    ) -> TrainedModel:
         """Train on the latest processed version of ``dataset`` and commit the model version;
-        returns the train stage's result (flows.results.train_result's shape). ``launch``:
-        where and how the ranks run (None: LaunchConfig's defaults).
+        returns the train stage's result. ``launch``: where and how the ranks run (None:
+        LaunchConfig's defaults).
 
         ``on``: namespaced hosts (lab.netns.rank_hosts): horovodrun runs in their head
         and reaches the ranks by ssh (``launch`` names the rank hosts:

@@ -9,14 +9,19 @@ measured) and test accuracy.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.experiments.base import Experiment, ExperimentRequest, Pipeline
+from lab.experiments.base import (
+    Experiment,
+    ExperimentRequest,
+    Pipeline,
+    TrainedModel,
+    run_metrics,
+)
 from lab.experiments.report import grouped_bars, markdown_table, write_results
 from training.config import TrainConfig
 
@@ -97,7 +102,7 @@ def allocator_stats() -> Iterator[None]:
 
 
 def row_of(
-    variant: Variant, config: TrainConfig, trained: dict[str, Any], metrics: dict[str, Any]
+    variant: Variant, config: TrainConfig, trained: TrainedModel, metrics: dict[str, Any]
 ) -> dict[str, Any]:
     """One line of the table, with the catalog versions it came from and went to."""
     epoch_seconds = [float(s) for s in metrics["epoch_seconds"]]
@@ -115,19 +120,19 @@ def row_of(
         "variant": variant.key,
         "label": variant.label,
         "model": config.model,
-        "num_ranks": int(trained["num_ranks"]),
+        "num_ranks": trained.num_ranks,
         "model_stages": config.model_stages,
         "micro_batches": config.micro_batches,
         "batch_size": config.batch_size,
-        "epochs": int(trained["epochs"]),
+        "epochs": trained.epochs,
         "epoch_seconds": epoch_seconds,
         "epoch_seconds_steady": steady,
         "first_epoch_seconds": epoch_seconds[0],
         "samples_per_epoch": samples_per_epoch,
         "samples_per_second": samples_per_epoch / steady if steady > 0 else 0.0,
-        "train_seconds": float(trained["train_seconds"]),
-        "test_accuracy": float(trained["test_accuracy"]),
-        "test_rows": int(trained["test_rows"]),
+        "train_seconds": trained.train_seconds,
+        "test_accuracy": trained.test_accuracy,
+        "test_rows": trained.test_rows,
         # The last epoch's, averaged over ranks, with BatchNorm on batch statistics.
         "train_accuracy": float(metrics["history"]["accuracy"][-1]),
         "memory_by_device_modelled": devices,
@@ -136,8 +141,8 @@ def row_of(
         "memory_by_rank_measured": measured,
         "allocator_peak_bytes_per_rank": max(allocator) if allocator else None,
         "peak_rss_bytes_per_rank": max(int(r["peak_rss_bytes"]) for r in measured),
-        "dataset_version": str(trained["dataset_version"]),
-        "model_version": f"{trained['model_name']}@{trained['version']}",
+        "dataset_version": trained.dataset_version,
+        "model_version": trained.model_version,
     }
 
 
@@ -146,16 +151,15 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     pipeline.progress(f"{NAME}: ingest and preprocess {DATASET}")
     # No sample: the pipeline's subsets read IDX folders, and a CIFAR-10 source is batches.
     prepared = pipeline.prepare(DATASET, sample=None, synthetic_rows=SYNTHETIC_ROWS)
-    source = str(prepared["source"])
-    synthetic = bool(prepared["synthetic"]) or (Path(source) / "SYNTHETIC.json").is_file()
+    source = prepared.source
+    synthetic = prepared.synthetic or (Path(source) / "SYNTHETIC.json").is_file()
     rows: list[dict[str, Any]] = []
     with allocator_stats():
         for variant, config in train_configs(request):
             pipeline.progress(f"{NAME}: {variant.label}, {config.num_ranks} rank(s)")
             trained = pipeline.train(DATASET, config)
-            metrics = json.loads((Path(trained["run_dir"]) / "metrics.json").read_text())
-            rows.append(row_of(variant, config, trained, metrics))
-    splits = prepared["processed"]["splits"]
+            rows.append(row_of(variant, config, trained, run_metrics(trained)))
+    splits = prepared.processed.splits
     result = {
         "experiment": NAME,
         "quick": request.quick,
@@ -163,10 +167,8 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         "data": {
             "source": source,
             "synthetic": synthetic,
-            "raw_version": f"{prepared['raw']['dataset']}@{prepared['raw']['version']}",
-            "processed_version": (
-                f"{prepared['processed']['name']}@{prepared['processed']['version']}"
-            ),
+            "raw_version": prepared.raw_version,
+            "processed_version": prepared.processed_version,
             "rows": {split: int(stats["rows"]) for split, stats in splits.items()},
         },
         "cores": len(os.sched_getaffinity(0)),

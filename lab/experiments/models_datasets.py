@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
+from lab.experiments.base import (
+    Experiment,
+    ExperimentRequest,
+    Pipeline,
+    Prepared,
+    Sample,
+    TrainedModel,
+)
 from lab.experiments.report import grouped_bars, markdown_table, write_results
 from training.config import TrainConfig
 
@@ -105,30 +112,30 @@ def _sample(case: Case, request: ExperimentRequest) -> Sample | None:
     return QUICK_IMAGES if case.dataset != "sdss" else None
 
 
-def row_of(case: Case, prepared: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+def row_of(case: Case, prepared: Prepared, trained: TrainedModel) -> dict[str, Any]:
     """One line of the table, with the catalog versions it came from and went to."""
-    seconds = float(trained["train_seconds"])
-    iterations = int(trained["steps_per_epoch"]) * int(trained["epochs"])
-    accuracy = float(trained["test_accuracy"])
+    seconds = trained.train_seconds
+    iterations = trained.steps_per_epoch * trained.epochs
+    accuracy = trained.test_accuracy
     return {
         "model": case.model,
         "dataset": case.dataset,
         "label": case.label,
-        "num_ranks": int(trained["num_ranks"]),
-        "epochs": int(trained["epochs"]),
+        "num_ranks": trained.num_ranks,
+        "epochs": trained.epochs,
         "train_seconds": seconds,
         "iterations": iterations,
         "iterations_per_second": iterations / seconds if seconds > 0 else 0.0,
-        "samples_per_second": float(trained["samples_per_second"]),
+        "samples_per_second": trained.samples_per_second,
         "test_accuracy": accuracy,
-        "test_rows": int(trained["test_rows"]),
+        "test_rows": trained.test_rows,
         "paper_accuracy": case.paper_accuracy,
         "beats_paper": accuracy > case.paper_accuracy,
-        "raw_version": f"{prepared['raw']['dataset']}@{prepared['raw']['version']}",
-        "dataset_version": str(trained["dataset_version"]),
-        "model_version": f"{trained['model_name']}@{trained['version']}",
-        "source": prepared["source"],
-        "synthetic": bool(prepared["synthetic"]),
+        "raw_version": prepared.raw_version,
+        "dataset_version": trained.dataset_version,
+        "model_version": trained.model_version,
+        "source": prepared.source,
+        "synthetic": prepared.synthetic,
     }
 
 
@@ -170,14 +177,13 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     return write_results(request.out, result, render(result))
 
 
-def _describe_data(prepared: dict[str, Any]) -> dict[str, Any]:
-    splits = prepared["processed"]["splits"]
+def _describe_data(prepared: Prepared) -> dict[str, Any]:
     return {
-        "source": prepared["source"],
-        "synthetic": bool(prepared["synthetic"]),
-        "raw_version": f"{prepared['raw']['dataset']}@{prepared['raw']['version']}",
-        "processed_version": f"{prepared['processed']['name']}@{prepared['processed']['version']}",
-        "rows": {split: int(stats["rows"]) for split, stats in splits.items()},
+        "source": prepared.source,
+        "synthetic": prepared.synthetic,
+        "raw_version": prepared.raw_version,
+        "processed_version": prepared.processed_version,
+        "rows": {split: int(stats["rows"]) for split, stats in prepared.processed.splits.items()},
     }
 
 

@@ -12,14 +12,20 @@ beside the ring model's prediction; accuracy is on the full test split.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
+from lab.experiments.base import (
+    Experiment,
+    ExperimentRequest,
+    Pipeline,
+    Sample,
+    TrainedModel,
+    run_metrics,
+)
 from lab.experiments.report import grouped_bars, markdown_table, write_results
 from lab.netns import rank_hosts
 from training.config import TrainConfig
@@ -84,11 +90,12 @@ def train_config(variant: Variant, num_ranks: int, epochs: int) -> TrainConfig:
     )
 
 
-def _wire(trained: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+def _wire(trained: TrainedModel) -> dict[str, Any]:
     """Bytes each rank sent on its link, from its epoch-boundary counters: per measured epoch
     (epoch 1, which carries the initial broadcast, is left out when there are more), the
     control loop's idle rate times the epoch's seconds subtracted."""
-    wires = trained["wire_sent_by_rank"]
+    wires = trained.wire_sent_by_rank
+    assert wires, "every run of this experiment names its hosts' --network-interface"
     epochs = len(wires[0]["bytes_by_epoch"])
     measured = slice(1, None) if epochs > 1 else slice(0, None)
     per_epoch, without_headers, total = [], [], 0.0
@@ -114,18 +121,19 @@ def _wire(trained: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def row_of(variant: Variant, trained: dict[str, Any]) -> dict[str, Any]:
+def row_of(variant: Variant, trained: TrainedModel) -> dict[str, Any]:
     """One line of the table: measured and predicted bytes, iterations, accuracy."""
-    metrics = json.loads((Path(trained["run_dir"]) / "metrics.json").read_text())
-    num_ranks = int(trained["num_ranks"])
-    steps = int(trained["steps_per_epoch"])
-    epochs = int(trained["epochs"])
+    metrics = run_metrics(trained)
+    num_ranks = trained.num_ranks
+    steps = trained.steps_per_epoch
+    epochs = trained.epochs
     model_bytes = int(metrics["gradient_values"]) * 4
-    wire = _wire(trained, metrics)
+    wire = _wire(trained)
     measured_epochs = [e - 1 for e in wire["measured_epochs"]]
     if variant.sync == "allreduce":
         # Ring allreduce: 2(N-1)/N of what each rank hands to Horovod (rank 0's, per epoch).
-        payload = [trained["allreduce_bytes_by_epoch"][e] for e in measured_epochs]
+        assert trained.allreduce_bytes_by_epoch is not None  # every allreduce run meters it
+        payload = [trained.allreduce_bytes_by_epoch[e] for e in measured_epochs]
         predicted = 2 * (num_ranks - 1) / num_ranks * sum(payload) / len(payload)
         final_average = 0.0
     else:
@@ -156,11 +164,11 @@ def row_of(variant: Variant, trained: dict[str, Any]) -> dict[str, Any]:
         "measured_epochs": wire["measured_epochs"],
         "total_bytes_all_ranks": wire["total_all_ranks"] + num_ranks * final_average,
         "final_average_bytes_per_rank": final_average,
-        "test_accuracy": float(trained["test_accuracy"]),
-        "test_rows": int(trained["test_rows"]),
-        "train_seconds": float(trained["train_seconds"]),
-        "dataset_version": str(trained["dataset_version"]),
-        "model_version": f"{trained['model_name']}@{trained['version']}",
+        "test_accuracy": trained.test_accuracy,
+        "test_rows": trained.test_rows,
+        "train_seconds": trained.train_seconds,
+        "dataset_version": trained.dataset_version,
+        "model_version": trained.model_version,
     }
 
 
@@ -250,9 +258,9 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         "epochs": epochs,
         "cores": len(os.sched_getaffinity(0)),
         "load_average": list(os.getloadavg()),
-        "source": prepared["source"],
-        "raw_version": f"{prepared['raw']['dataset']}@{prepared['raw']['version']}",
-        "processed_version": f"{prepared['processed']['name']}@{prepared['processed']['version']}",
+        "source": prepared.source,
+        "raw_version": prepared.raw_version,
+        "processed_version": prepared.processed_version,
         "summary": [
             f"N={r['num_ranks']} {r['variant']}: {r['iterations']} iterations, "
             f"{r['bytes_per_step_per_rank'] / 1e6:.3f} MB/step/rank (predicted "

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample
+from lab.experiments.base import Experiment, ExperimentRequest, Pipeline, Sample, TrainedModel
 from lab.experiments.report import markdown_table, write_results
 from lab.netns import rank_hosts
 from training.config import TrainConfig
@@ -40,24 +40,26 @@ def train_config(num_ranks: int, epochs: int, batch_size: int) -> TrainConfig:
     return TrainConfig(num_ranks=num_ranks, epochs=epochs, batch_size=batch_size, model=MODEL)
 
 
-def row_of(trained: dict[str, Any]) -> dict[str, Any]:
+def row_of(trained: TrainedModel) -> dict[str, Any]:
     """One line of the table, from the train stage's result and its metrics."""
-    epoch_seconds = [float(s) for s in trained["epoch_seconds"]]
+    # The worker times every epoch, and the launcher records the batch size in the version.
+    assert trained.epoch_seconds is not None and trained.batch_size is not None
+    epoch_seconds = [float(s) for s in trained.epoch_seconds]
     # Epoch 1 also traces the graph, fills the input pipeline and broadcasts the weights.
     steady = epoch_seconds[1:] or epoch_seconds
     seconds = sum(steady) / len(steady)
-    num_ranks = int(trained["num_ranks"])
-    rows_per_epoch = int(trained["steps_per_epoch"]) * int(trained["batch_size"]) * num_ranks
+    num_ranks = trained.num_ranks
+    rows_per_epoch = trained.steps_per_epoch * trained.batch_size * num_ranks
     return {
         "num_ranks": num_ranks,
-        "epochs": int(trained["epochs"]),
+        "epochs": trained.epochs,
         "epoch_seconds": epoch_seconds,
         "seconds_per_epoch": seconds,
         "samples_per_second": rows_per_epoch / seconds,
-        "test_accuracy": float(trained["test_accuracy"]),
-        "test_rows": int(trained["test_rows"]),
-        "dataset_version": str(trained["dataset_version"]),
-        "model_version": f"{trained['model_name']}@{trained['version']}",
+        "test_accuracy": trained.test_accuracy,
+        "test_rows": trained.test_rows,
+        "dataset_version": trained.dataset_version,
+        "model_version": trained.model_version,
     }
 
 
@@ -109,8 +111,8 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         "cores": cores,
         "batch_size": QUICK_BATCH_SIZE if request.quick else BATCH_SIZE,
         "load_average": list(os.getloadavg()),
-        "source": prepared["source"],
-        "raw_version": f"{prepared['raw']['dataset']}@{prepared['raw']['version']}",
+        "source": prepared.source,
+        "raw_version": prepared.raw_version,
         "summary": [
             f"{r['num_ranks']} rank(s): {r['seconds_per_epoch']:.2f} s/epoch, "
             f"{r['samples_per_second']:.0f} samples/s, efficiency {r['efficiency']:.2f} "

@@ -1,5 +1,6 @@
-"""The flows under Prefect's test harness: the preprocess flow on a scheduler given as a
-parameter, its task runs and artifacts; the registry's default model."""
+"""The flows under Prefect's test harness: the preprocess flow on a cluster given as a
+parameter, its task runs and artifacts; the registry's default model; the stage results'
+JSON shapes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from distributed import LocalCluster
 
 from flows.stages import with_default_model
-from preprocessing.config import JobOptions
+from preprocessing.config import ClusterConfig, JobOptions
+from preprocessing.datasets import DATASETS
 from preprocessing.plan import PlanConfig
 from training.config import TrainConfig
 
@@ -49,7 +51,7 @@ def test_preprocess_flow_runs_on_the_scheduler_it_is_given(harness: str, sdss_ho
 
     from flows.pipeline import preprocess_flow
 
-    # A cluster of its own, as a deployment's `scheduler` parameter would name; its workers
+    # A cluster of its own, as a deployment's `cluster` parameter would name; its workers
     # report task runs to the same API, as a real cluster's workers are configured to.
     with LocalCluster(
         n_workers=1,
@@ -61,7 +63,7 @@ def test_preprocess_flow_runs_on_the_scheduler_it_is_given(harness: str, sdss_ho
         state = preprocess_flow(
             dataset="sdss",
             home=str(sdss_home),
-            scheduler=remote.scheduler_address,
+            cluster=ClusterConfig(scheduler=remote.scheduler_address),
             options=JobOptions(plan=PlanConfig(rank_multiple=8, target_rows_per_group=200)),
             return_state=True,
         )
@@ -84,17 +86,41 @@ def test_preprocess_flow_refuses_a_malformed_scheduler_in_one_line(
 ) -> None:
     from flows.pipeline import preprocess_flow
 
+    # As a deployment run passes it: JSON, validated into a ClusterConfig.
     state = preprocess_flow(
-        dataset="sdss", home=str(sdss_home), scheduler="not-an-address", return_state=True
+        dataset="sdss",
+        home=str(sdss_home),
+        cluster={"scheduler": "not-an-address"},  # type: ignore[arg-type]
+        return_state=True,
     )
     assert state.is_failed()
     assert "scheduler 'not-an-address' is not a scheduler address" in str(state.message)
 
 
+def test_a_cluster_parameter_without_workers_gets_the_configs_default() -> None:
+    from flows.pipeline import ingest_flow, pipeline, preprocess_flow
+    from preprocessing.config import usable_cores
+
+    for entry in (ingest_flow, preprocess_flow, pipeline):
+        checked = entry.validate_parameters(
+            {"dataset": "sdss", "cluster": {"scheduler": "tcp://10.0.0.5:8786"}}
+        )
+        assert checked["cluster"] == ClusterConfig(
+            workers=usable_cores(), scheduler="tcp://10.0.0.5:8786"
+        )
+    # Users and deploy/prefect.yaml call the ingest flow with these arguments only.
+    checked = ingest_flow.validate_parameters({"dataset": "sdss", "source": "exports/"})
+    assert (checked["dataset"], checked["source"], checked.get("cluster")) == (
+        "sdss",
+        "exports/",
+        None,
+    )
+
+
 def test_the_registry_chooses_the_model() -> None:
-    assert with_default_model("sdss", TrainConfig()).model == "dnn"
-    assert with_default_model("fashion-mnist", TrainConfig()).model == "cnn"
-    assert with_default_model("sdss", TrainConfig(model="dnn", epochs=2)).epochs == 2
+    assert with_default_model(DATASETS["sdss"], TrainConfig()).model == "dnn"
+    assert with_default_model(DATASETS["fashion-mnist"], TrainConfig()).model == "cnn"
+    assert with_default_model(DATASETS["sdss"], TrainConfig(model="dnn", epochs=2)).epochs == 2
 
 
 def slowed_ranks() -> list[dict[str, Any]]:
@@ -140,16 +166,13 @@ def test_the_train_stage_publishes_a_version_of_the_input_table_per_epoch(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.stages import EpochWatch, prefect_epoch_table
+    from flows.pipeline import input_by_epoch_table
+    from flows.stages import EpochWatch
     from training.input_metrics import EPOCHS_FILE, EpochLog, epoch_line
-
-    assert prefect_epoch_table("unit-dnn", print) is None  # outside a Prefect run
 
     @flow(name="input-by-epoch")
     def epochs() -> None:
-        publish = prefect_epoch_table("unit-dnn", print)
-        assert publish is not None
-        watch = EpochWatch(lambda _line: None, publish)
+        watch = EpochWatch(lambda _line: None, input_by_epoch_table("unit-dnn", print))
         log = EpochLog(tmp_path / EPOCHS_FILE)
         for epoch in range(3):
             log.add(epoch, slowed_ranks())

@@ -15,6 +15,7 @@ from distributed import Client, LocalCluster
 
 from data_catalog import Catalog, Manifest, Staging, derived_version
 from data_catalog.errors import ShardflowError
+from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig
 from preprocessing.driver import (
     PassProgress,
@@ -22,7 +23,6 @@ from preprocessing.driver import (
     Results,
     Runner,
     TaskSpec,
-    dask_runner,
     run_job,
     serial_runner,
 )
@@ -223,27 +223,3 @@ def test_a_given_scheduler_runs_the_tasks(tmp_path: Path) -> None:
         # The given scheduler ran the job's tasks (its task prefixes are the task keys').
         prefixes = set(remote.scheduler.task_prefixes)
         assert "count" in prefixes and any(p.startswith("sum") for p in prefixes)
-
-
-def test_the_cancel_race_of_distributed_sync_is_not_logged_but_other_errors_are() -> None:
-    """distributed's `sync()` raises NameError in its loop thread when Ctrl-C comes before the
-    coroutine started (seen once in the Ctrl-C test under load): not the command's error."""
-    import logging
-    import sys
-
-    from preprocessing.driver import _not_a_cancel_race
-
-    def record(error: BaseException, message: str) -> logging.LogRecord:
-        try:
-            raise error
-        except BaseException:
-            exc_info = sys.exc_info()
-        return logging.LogRecord(
-            "tornado.application", logging.ERROR, __file__, 1, message, None, exc_info
-        )
-
-    race = "Exception in callback functools.partial(<function sync.<locals>.cancel at 0x7f>)"
-    free_variable = NameError("cannot access free variable 'future'")
-    assert not _not_a_cancel_race(record(free_variable, race))
-    assert _not_a_cancel_race(record(ValueError("x"), race))
-    assert _not_a_cancel_race(record(free_variable, "Exception in callback <other>"))

@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_catalog import Catalog, Manifest
+from preprocessing.cluster import dask_client, dask_runner
 from preprocessing.config import ClusterConfig, JobOptions
-from preprocessing.driver import Runner, dask_client, dask_runner, run_passes
-from preprocessing.jobs import plan, preprocess
+from preprocessing.datasets import DATASETS
+from preprocessing.driver import Runner, run_passes
 from preprocessing.plan import PlanConfig
 from preprocessing.sources.exports import ingest_exports
 from preprocessing.sources.synth import write_sdss_exports
@@ -34,9 +35,8 @@ def _raw(root: Path, rows: int, files: int, exports: Path | None = None) -> Cata
 
 
 def _preprocess(catalog: Catalog, work: Path) -> Manifest:
-    return preprocess(
+    return DATASETS["sdss"].preprocess(
         catalog,
-        "sdss",
         options=OPTIONS,
         runner=lambda: dask_runner(ClusterConfig(workers=2)),
         work_root=work,
@@ -52,7 +52,7 @@ def test_a_killed_worker_changes_nothing(
     clean = _preprocess(clean_catalog, tmp_path / "clean" / "work")
 
     crashed_catalog = _raw(tmp_path / "crashed", 0, 0, exports)
-    job = plan(crashed_catalog, "sdss", OPTIONS)
+    job = DATASETS["sdss"].plan_preprocessing(crashed_catalog, OPTIONS)
     assert len(job.pieces) == 2  # type: ignore[attr-defined]
     # The worker process that writes the job's 4th file dies by SIGKILL right after; the
     # nanny starts a new worker and the scheduler reruns the lost task (it finds the file whole).
@@ -87,7 +87,7 @@ def _peak_rss() -> int:
 
 
 def _worker_peak(catalog: Catalog, work: Path) -> int:
-    job = plan(catalog, "sdss", JobOptions())
+    job = DATASETS["sdss"].plan_preprocessing(catalog, JobOptions())
     with dask_client(ClusterConfig(workers=2), lambda _m: None) as client:
         run_passes(job, Runner(client), work)
         return max(client.run(_peak_rss).values())

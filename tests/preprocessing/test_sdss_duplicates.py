@@ -11,9 +11,10 @@ import pytest
 
 from data_catalog import Catalog, Manifest
 from preprocessing import sdss
+from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig, JobOptions
-from preprocessing.driver import PassProgress, RunnerFactory, dask_runner, serial_runner
-from preprocessing.jobs import preprocess
+from preprocessing.datasets import DATASETS
+from preprocessing.driver import PassProgress, RunnerFactory, serial_runner
 from preprocessing.plan import PlanConfig
 from preprocessing.sources.exports import ingest_exports
 from preprocessing.sources.synth import write_sdss_exports
@@ -64,9 +65,8 @@ def _processed(
     def count(state: PassProgress) -> None:
         tasks[state.pass_name] = state.tasks_total
 
-    manifest = preprocess(
+    manifest = DATASETS["sdss"].preprocess(
         catalog,
-        "sdss",
         options=OPTIONS,
         runner=runner,
         work_root=root / "work",

@@ -16,7 +16,7 @@ import pytest
 from data_catalog import Catalog, Manifest
 from data_catalog.errors import ShardflowError
 from data_catalog.manifest import MANIFEST_NAME, ManifestEdited, content_sha256
-from preprocessing import jobs
+from preprocessing import datasets
 from preprocessing.config import JobOptions
 from preprocessing.driver import serial_runner
 from preprocessing.sources import mnist
@@ -37,7 +37,9 @@ def pristine(fashion_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("catalog")
     catalog = Catalog(root)
     mnist.ingest(catalog, "fashion-mnist", source=str(fashion_subset))
-    jobs.preprocess(catalog, "fashion-mnist", options=JobOptions(), runner=serial_runner)
+    datasets.dataset("fashion-mnist").preprocess(
+        catalog, options=JobOptions(), runner=serial_runner
+    )
     return root
 
 

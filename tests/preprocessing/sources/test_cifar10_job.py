@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from data_catalog import Catalog, Manifest
+from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig
 from preprocessing.driver import (
     PassProgress,
     Result,
     TaskSpec,
-    dask_runner,
     job_dir,
     run_job,
     serial_runner,

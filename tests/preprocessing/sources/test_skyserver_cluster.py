@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from data_catalog import Catalog
+from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig
-from preprocessing.driver import dask_runner, run_job, serial_runner
+from preprocessing.driver import run_job, serial_runner
 from preprocessing.sources import sdss
 from tests.preprocessing.sources.skyserver_standin import StandIn, serve
 from tests.preprocessing.sources.test_skyserver_job import content, shared_objids

@@ -1,0 +1,353 @@
+"""Where a job's tasks run: a Dask cluster started (or reached) for as long as a stage runs.
+
+    ClusterConfig ─▶ dask_client ─┬─ scheduler given: a client on that cluster
+                                  ├─ cluster "slurm": dask-jobqueue's SLURMCluster, one worker
+                                  │  per job (sbatch --test-only first), scancel at the end
+                                  └─ else: a LocalCluster of ``workers`` processes, started deaf
+                                     to Ctrl-C, with glibc's own malloc thresholds
+                  ─▶ dask_runner ─▶ preprocessing.driver.Runner on that client
+
+The driver (:mod:`preprocessing.driver`) takes a runner and knows nothing of how the cluster
+was provisioned; the workers' and the client's log filters that keep a stopped run to one line
+live here with the cluster. Nothing here imports Prefect (the flows hand in Prefect's Dask
+client class and a ``submit`` that makes every task a task run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from data_catalog.errors import ShardflowError
+from preprocessing.config import ClusterConfig
+from preprocessing.driver import Progress, Runner, TaskSpec, plain_submit
+
+
+@contextmanager
+def dask_client(
+    config: ClusterConfig,
+    progress: Progress = lambda _msg: None,
+    *,
+    client_class: Any = None,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Any]:
+    """A Dask client on an existing scheduler, on a fresh LocalCluster, or on workers in SLURM
+    jobs (``config.cluster == "slurm"``: :func:`_slurm_cluster`).
+
+    ``client_class`` replaces ``distributed.Client`` (the flows pass Prefect's); ``env`` is
+    set in the LocalCluster's (or the SLURM jobs') worker processes. LocalCluster workers log
+    at WARNING and above: their start and stop lines are not the stage's progress.
+    """
+    from distributed import Client, LocalCluster
+
+    client_class = client_class or Client
+    logging.getLogger("tornado.application").addFilter(_not_a_cancel_race)
+    if config.scheduler is not None:
+        try:
+            client = client_class(config.scheduler, timeout="10s")
+        except OSError as exc:
+            raise ShardflowError(f"cannot reach Dask scheduler {config.scheduler}: {exc}") from exc
+        with client:
+            _relay_task_progress(client, progress)
+            progress(f"dask: using scheduler {config.scheduler}, dashboard {client.dashboard_link}")
+            yield client
+        return
+    if config.cluster == "slurm":
+        with _slurm_client(config, progress, client_class=client_class, env=env) as client:
+            yield client
+        return
+    # Stopped early (Ctrl-C, a task's failure), the cluster's complaints while it closes
+    # (workers stopped mid-task, heartbeats of workers gone) are not the command's error.
+    distributed_log = logging.getLogger("distributed")
+    level = distributed_log.level
+    try:
+        with ExitStack() as stack:
+            try:
+                with _workers_deaf_to_ctrl_c(), _glibc_malloc_defaults():
+                    cluster = stack.enter_context(
+                        LocalCluster(
+                            n_workers=config.workers,
+                            threads_per_worker=1,
+                            processes=True,
+                            memory_limit=config.memory_limit,
+                            dashboard_address="127.0.0.1:0",
+                            host="127.0.0.1",
+                            silence_logs=logging.WARNING,
+                            env=dict(env or {}),
+                        )
+                    )
+                client = stack.enter_context(client_class(cluster))
+                # The workers print to this command's stderr: a task's failure is raised
+                # here, in one line, not also logged there with its traceback.
+                client.register_plugin(_quiet_task_failures_plugin()())
+                _relay_task_progress(client, progress)
+                progress(
+                    f"dask: LocalCluster with {config.workers} workers, dashboard "
+                    f"{client.dashboard_link}"
+                )
+                yield client
+            except BaseException:
+                distributed_log.setLevel(logging.CRITICAL)
+                raise
+    finally:
+        distributed_log.setLevel(level)
+
+
+@contextmanager
+def _glibc_malloc_defaults() -> Iterator[None]:
+    """LocalCluster workers spawned with glibc's own malloc thresholds.
+
+    Dask's nannies set ``MALLOC_TRIM_THRESHOLD_=65536`` before spawning a worker
+    (``distributed.nanny.pre-spawn-environ``) so that freed memory goes back to the OS at
+    once. Setting it also turns off glibc's dynamic mmap threshold: every array above 128 KiB
+    is then a fresh mmap, page-faulted in and zeroed on each use. The tasks here allocate and
+    free shard-sized arrays (MBs) over and over: with Dask's setting a write task of
+    Fashion-MNIST used 30 % more CPU in a worker than the same call in this process (0.50 vs
+    0.38 CPU-s for the 8 shards, 21,000 vs 2,500 page faults; docs/STACK.md). Peak worker
+    memory is bounded by the tasks, not by what the allocator keeps. A value the user set in
+    the environment is still inherited.
+    """
+    import dask
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", default={}))
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        yield
+
+
+# Each SLURM job's own scratch folder, on the node's local disk (never shared: two workers in
+# one folder clobber each other's spill files); the job script's shell expands it.
+SLURM_LOCAL_DIRECTORY = "${TMPDIR:-/tmp}/shardflow-dask-$SLURM_JOB_ID"
+SLURM_JOB_NAME = "shardflow-dask"
+
+
+def _slurm_scheduler_host() -> str:
+    """The address this host's name resolves to: the one SLURM's nodes know it by."""
+    import socket
+
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError as exc:
+        raise ShardflowError(
+            f"--cluster slurm: this host's name {name!r} does not resolve ({exc}): give "
+            "--slurm-interface, the interface the compute nodes reach this host on"
+        ) from exc
+
+
+def _slurm_cluster(config: ClusterConfig, env: Mapping[str, str], progress: Progress) -> Any:
+    """dask-jobqueue's SLURMCluster: one worker per job (one core, one thread,
+    ``config.memory_limit``), run by this interpreter (the same code as this command, which
+    every task checks), its scheduler in this process on an address the jobs reach."""
+    import shlex
+    import sys
+
+    from dask_jobqueue.slurm import SLURMCluster
+
+    if config.slurm_interface is not None:
+        scheduler_options: dict[str, Any] = {
+            "interface": config.slurm_interface,
+            "dashboard_address": ":0",
+        }
+    else:
+        host = _slurm_scheduler_host()
+        scheduler_options = {"host": host, "dashboard_address": f"{host}:0"}
+        if host.startswith("127."):
+            progress(
+                f"dask: this host's name resolves to {host}: only SLURM jobs on this host "
+                "reach the scheduler (give --slurm-interface for other nodes)"
+            )
+    cluster = SLURMCluster(
+        cores=1,
+        processes=1,
+        memory=config.memory_limit,
+        python=sys.executable,
+        queue=config.slurm_partition,
+        account=config.slurm_account,
+        walltime=config.slurm_walltime,
+        job_name=SLURM_JOB_NAME,
+        interface=config.slurm_interface,
+        scheduler_options=scheduler_options,
+        local_directory=SLURM_LOCAL_DIRECTORY,
+        job_script_prologue=[
+            # The scratch folder goes with the job (scancel: SIGTERM, then the shell's trap).
+            f"trap 'rm -rf \"{SLURM_LOCAL_DIRECTORY}\"' EXIT",
+            # sbatch hands the jobs this command's environment; ``env`` comes on top of it.
+            *(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
+        ],
+    )
+    try:
+        _check_worker_job(cluster.job_script())
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def _check_worker_job(script: str) -> None:
+    """Refuse in one line a worker job that sbatch would refuse (a partition or account that
+    does not exist, a walltime above the partition's limit), before any job is queued."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["sbatch", "--test-only"],
+            input=script,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    except FileNotFoundError:
+        raise ShardflowError("--cluster slurm needs sbatch (SLURM's client) on PATH") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ShardflowError(f"sbatch refuses the Dask worker job: {last}")
+
+
+@contextmanager
+def _slurm_client(
+    config: ClusterConfig,
+    progress: Progress,
+    *,
+    client_class: Any,
+    env: Mapping[str, str] | None,
+) -> Iterator[Any]:
+    """A client on ``config.workers`` worker jobs, once the first has joined; every job is
+    cancelled (scancel) when the block ends, however it ends. A job whose client was killed
+    outright stops by itself once its worker has lost the scheduler for 60 s
+    (dask-jobqueue's ``--death-timeout``)."""
+    distributed_log = logging.getLogger("distributed")
+    level = distributed_log.level
+    try:
+        with ExitStack() as stack:
+            try:
+                cluster = stack.enter_context(_slurm_cluster(config, env or {}, progress))
+                client = stack.enter_context(client_class(cluster))
+                client.register_plugin(_quiet_task_failures_plugin()())
+                _relay_task_progress(client, progress)
+                cluster.scale(config.workers)
+                progress(
+                    f"dask: SLURMCluster, {config.workers} jobs {SLURM_JOB_NAME!r} of 1 core and "
+                    f"{config.memory_limit}, scheduler {cluster.scheduler_address}, dashboard "
+                    f"{client.dashboard_link}; waiting for the first to start"
+                )
+                _wait_for_slurm_worker(client, cluster, config.slurm_start_timeout)
+                progress(
+                    f"dask: {len(client.scheduler_info()['workers'])} of {config.workers} "
+                    "SLURM workers joined (the others join as their jobs start)"
+                )
+                yield client
+            except BaseException:
+                distributed_log.setLevel(logging.CRITICAL)
+                raise
+    finally:
+        distributed_log.setLevel(level)
+
+
+def _wait_for_slurm_worker(client: Any, cluster: Any, timeout: float) -> None:
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except TimeoutError:
+        jobs = sorted(str(job.job_id) for job in cluster.workers.values() if job.job_id)
+        where = f"squeue -j {','.join(jobs)}" if jobs else "squeue --me"
+        raise ShardflowError(
+            f"no SLURM job started a worker within {timeout:g} s: check `{where}`"
+        ) from None
+
+
+def _relay_task_progress(client: Any, progress: Progress) -> None:
+    """Show what tasks report as they run (a slow server retried) as this command's progress."""
+    from preprocessing.sources.task_progress import TOPIC
+
+    client.subscribe_topic(TOPIC, lambda event: progress(str(event[1])))
+
+
+@contextmanager
+def _workers_deaf_to_ctrl_c() -> Iterator[None]:
+    """Start the LocalCluster's worker processes deaf to Ctrl-C, and hold this process's own
+    Ctrl-C (or SIGTERM) until the cluster is up, to be raised then (and the cluster closed).
+
+    Ctrl-C at a terminal signals the whole process group: each worker then died mid-task with
+    its tracebacks (about 60 lines) while this process was closing the cluster anyway. SIGINT
+    is blocked in this thread while the cluster starts, so its threads, and the processes they
+    spawn, inherit the block (a signal mask survives fork and exec); a half-started cluster
+    would be closed by Dask's atexit hook, with an assertion's traceback."""
+    import signal
+    import threading
+    from multiprocessing import resource_tracker
+
+    # Started before the block: starting it unblocks SIGINT in the calling thread (CPython
+    # bpo-33613), which would also unblock it for the workers.
+    resource_tracker.ensure_running()
+    held: list[int] = []
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if callable(signal.getsignal(signum)):
+                handlers[signum] = signal.signal(signum, lambda num, _frame: held.append(num))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        if held:
+            handlers[held[0]](held[0], None)
+
+
+def _not_a_task_failure(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Compute Failed")
+
+
+def _not_a_cancelled_task(record: logging.LogRecord) -> bool:
+    # A run stopped early (Ctrl-C, another task's failure) cancels the tasks in flight.
+    return "ended with CancelledError" not in record.getMessage()
+
+
+def _not_a_lost_scheduler(record: logging.LogRecord) -> bool:
+    # A worker outliving its scheduler by a heartbeat (the command closing the cluster, or
+    # stopped by Ctrl-C) logs the failed heartbeat with a traceback; the command itself
+    # reports a scheduler lost mid-run.
+    return "Failed to communicate with scheduler during heartbeat" not in record.getMessage()
+
+
+def _not_a_cancel_race(record: logging.LogRecord) -> bool:
+    # distributed 2026.8's `utils.sync`: a Ctrl-C that arrives before the coroutine it waits
+    # on has started schedules `cancel()`, which reads the unassigned `future` and raises
+    # NameError in the event loop's thread; tornado logs it with a traceback. The interrupt
+    # itself is handled (the command stops and says so in one line).
+    if record.exc_info is None or not isinstance(record.exc_info[1], NameError):
+        return True
+    return "sync.<locals>.cancel" not in record.getMessage()
+
+
+def _quiet_task_failures_plugin() -> Any:
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class Plugin(WorkerPlugin):
+        name = "shardflow-quiet-task-failures"
+
+        def setup(self, worker: Any) -> None:
+            logging.getLogger("distributed.worker").addFilter(_not_a_task_failure)
+            logging.getLogger("distributed.worker").addFilter(_not_a_lost_scheduler)
+            logging.getLogger("distributed.worker.state_machine").addFilter(_not_a_cancelled_task)
+
+    return Plugin
+
+
+@contextmanager
+def dask_runner(
+    config: ClusterConfig,
+    progress: Progress = lambda _msg: None,
+    *,
+    client_class: Any = None,
+    submit: Callable[[Any, TaskSpec, str], Any] = plain_submit,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Runner]:
+    """A :class:`Runner` on the cluster ``config`` describes, for as long as the block runs."""
+    with dask_client(config, progress, client_class=client_class, env=env) as client:
+        yield Runner(client, submit=submit)
