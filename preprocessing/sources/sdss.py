@@ -320,12 +320,12 @@ def typed_columns(
 
 
 def _arrow_table(
-    columns: Mapping[str, npt.NDArray[Any] | list[str]], schema: Mapping[str, str] = SCHEMA
+    columns: Mapping[str, npt.NDArray[Any] | list[str]], kinds: Mapping[str, str] = SCHEMA
 ) -> Any:
     arrays = []
     fields = []
     for name, values in columns.items():
-        kind = schema[name]
+        kind = kinds[name]
         if kind == UINT64:
             arrays.append(pa.array(values, type=pa.uint64()))
             fields.append(pa.field(name, pa.uint64(), nullable=False))
