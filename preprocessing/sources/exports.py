@@ -40,6 +40,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from data_catalog import Catalog, FileEntry, Manifest, Staging
+from data_catalog.layout import ExportsLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import HashingSink, crash_point, record_result, recorded_result
 from preprocessing.sources.errors import SourceError
@@ -706,8 +707,13 @@ class ExportsJob:
         manifest: Manifest = stage.commit(
             sources=sources,
             parameters={"format": "casjobs-export"},
-            schema={"format": "parquet", "columns": dict(SCHEMA), "optional": dict(OPTIONAL)},
-            statistics={"rows": total, "files": len(sources), "synthetic_rows": synthetic},
+            **ExportsLayout(
+                columns=dict(SCHEMA),
+                optional=dict(OPTIONAL),
+                rows=total,
+                num_files=len(sources),
+                synthetic_rows=synthetic,
+            ).to_manifest(),
             rows=total,
             described=described,
         )

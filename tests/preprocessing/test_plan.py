@@ -77,7 +77,7 @@ def test_pad_fills_equal_groups_and_keeps_every_row(rows: int) -> None:
     assert plan.dropped_rows == 0
     assert plan.rows == rows + plan.padded_rows
     assert plan.padded_rows < plan.num_row_groups  # less than one row per group
-    assert plan.statistics()["policy"] == "pad"
+    assert plan.layout().policy == "pad"
     assert sum(s.rows for s in plan.shards) == plan.rows
 
 
