@@ -9,6 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from data_catalog import Manifest
+from data_catalog.layout import (
+    Cifar10Layout,
+    IdxLayout,
+    ProcessedLayout,
+    SkyServerLayout,
+    raw_layout,
+)
 
 
 def ingest_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
@@ -19,9 +26,13 @@ def ingest_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
         "files": len(manifest.files),
         "sources": [s.get("uri") or s.get("url") or s.get("file") for s in manifest.sources],
     }
-    for key in ("train_rows", "test_rows", "pages", "count_reported", "synthetic_rows"):
-        if key in manifest.statistics:
-            result[key] = manifest.statistics[key]
+    layout = raw_layout(manifest)
+    if isinstance(layout, IdxLayout | Cifar10Layout):
+        result.update(train_rows=layout.train_rows, test_rows=layout.test_rows)
+    elif isinstance(layout, SkyServerLayout):
+        result.update(pages=layout.num_pages, count_reported=layout.count_reported)
+    else:  # CasJobs exports
+        result.update(synthetic_rows=layout.synthetic_rows)
     return result
 
 
@@ -38,6 +49,7 @@ def ingest_summary(result: dict[str, Any]) -> str:
 
 
 def preprocess_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
+    layout = ProcessedLayout.of(manifest)
     return {
         "dataset": dataset,
         "name": manifest.name,
@@ -45,17 +57,11 @@ def preprocess_result(dataset: str, manifest: Manifest) -> dict[str, Any]:
         "parent": str(manifest.parents[0]),
         "rows": manifest.rows,
         "num_files": len(manifest.files),
-        "format": manifest.schema.get("format", "parquet"),
-        "splits": {
-            split: manifest.statistics[split]
-            for split in ("train", "validation", "test")
-            if split in manifest.statistics
-        },
-        **{
-            key: manifest.statistics[key]
-            for key in ("normalization", "quarantine", "rows_in")
-            if key in manifest.statistics
-        },
+        "format": layout.format,
+        "splits": {name: split.to_manifest() for name, split in layout.splits.items()},
+        "normalization": layout.normalization.to_manifest(),
+        **({"quarantine": layout.quarantine.to_statistics()} if layout.quarantine else {}),
+        "rows_in": layout.rows_in,
     }
 
 

@@ -31,7 +31,7 @@ from training import models
 from training.checkpoints import STEP_CHECKPOINT
 from training.config import TrainConfig
 from training.hosts import check_hosts
-from training.input import SplitLayout, as_url
+from training.input import as_url, plan_steps, rows_of_rank
 from training.worker import WorkerConfig, last_checkpoint
 
 Progress = Callable[[str], None]
@@ -115,19 +115,14 @@ def train(
     processed = catalog.get(processed_name(dataset))
     # Before anything is planned from the manifest, launched or written: the ranks would read
     # whatever bytes are there, and the manifest's counts plan their steps.
-    verify_input(catalog, processed, progress)
-    spec = InputSpec.of(processed.schema)
+    layout = verify_input(catalog, processed, progress).layout
+    spec = InputSpec.of(layout)
     try:
         models.check(config.model, spec.kind)
     except ValueError as exc:
         raise ShardflowError(f"{dataset}: {exc}") from exc
-    train_stats = processed.statistics["train"]
-    layout = SplitLayout(
-        rows_per_group=int(train_stats["rows_per_group"]),
-        num_row_groups=int(train_stats["num_row_groups"]),
-    )
     try:
-        steps = layout.steps_per_epoch(config.num_ranks, config.batch_size)
+        steps = plan_steps(layout.train, config.num_ranks, config.batch_size)
     except ValueError as exc:
         raise ShardflowError(str(exc)) from exc
     name = model_name(dataset, config.model)
@@ -160,7 +155,6 @@ def train(
     elif run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    normalization = processed.statistics.get("normalization", {})
     worker_config = WorkerConfig(
         train=config,
         train_url=train_url,
@@ -168,9 +162,9 @@ def train(
         validation_dir=_split_location(catalog, processed, "validation"),
         run_dir=str(run_dir),
         spec=asdict(spec),
-        mean=normalization.get("mean"),
-        std=normalization.get("std"),
-        num_classes=int(processed.schema["num_classes"]),
+        mean=list(layout.normalization.mean),
+        std=list(layout.normalization.std),
+        num_classes=layout.num_classes,
         steps_per_epoch=steps,
     )
     worker_config.dump(run_dir / "worker.json")
@@ -201,7 +195,7 @@ def train(
                 "num_classes": worker_config.num_classes,
             },
             statistics=metrics,
-            rows=layout.rows_of_rank(0, 1),
+            rows=rows_of_rank(layout.train, 0, 1),
             extra={
                 "run_dir": str(run_dir),
                 # The same set every epoch; the order each rank read them in, per epoch, is a
