@@ -1,8 +1,10 @@
 """The manifest: the one file that makes a version exist, and says what it holds.
 
 ``manifest.json`` in a version directory lists every file with its size and sha256, the version's
-identity (parents, sources, parameters, code version) and free-form schema and statistics.
-Readers check :data:`FORMAT_VERSION` before trusting any other field.
+identity (parents, sources, parameters, code version) and its schema and statistics: free-form
+JSON to the catalog, a typed layout with a ``layout_version`` of its own for what the ingests and
+preprocessing write there (:mod:`data_catalog.layout`). Readers check :data:`FORMAT_VERSION`
+before trusting any other field.
 
 A committed manifest also carries ``manifest_digest``: the sha256 of its own content (every
 other field, as canonical JSON). :meth:`Manifest.from_json` refuses a manifest whose content no

@@ -37,6 +37,7 @@ from prefect.runtime import flow_run
 
 from data_catalog import Catalog, Manifest, model_name
 from data_catalog.errors import ShardflowError
+from data_catalog.layout import ProcessedLayout
 from flows import stages
 from flows.logs import route_library_logs
 from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
@@ -290,25 +291,21 @@ def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | Non
         ],
         description=f"{manifest.name}@{manifest.version}: output files",
     )
-    stats = manifest.statistics
+    layout = ProcessedLayout.of(manifest)
     create_markdown_artifact(
         key=_key(dataset, "preprocess-summary"),
         markdown=(
             f"## {manifest.name}@{manifest.version}\n\n"
             f"- {manifest.rows:,} rows in {len(manifest.files)} files "
-            f"({manifest.schema.get('format', 'parquet')}), parent `{manifest.parents[0]}`\n"
-            f"- training row groups: {stats['train']['num_row_groups']} of "
-            f"{stats['train']['rows_per_group']} rows\n"
+            f"({layout.format}), parent `{manifest.parents[0]}`\n"
+            f"- training row groups: {layout.train.num_row_groups} of "
+            f"{layout.train.rows_per_group} rows\n"
             + "".join(
-                f"- {split}: {stats[split]['rows']:,} rows\n"
-                for split in ("validation", "test")
-                if split in stats
+                f"- {name}: {split.rows:,} rows\n"
+                for name, split in layout.splits.items()
+                if name != "train"
             )
-            + (
-                f"- quarantined: {stats['quarantine']['rows']:,} rows\n"
-                if "quarantine" in stats
-                else ""
-            )
+            + (f"- quarantined: {layout.quarantine.rows:,} rows\n" if layout.quarantine else "")
             + (f"- Dask dashboard: {dashboard}\n" if dashboard else "- already in the catalog\n")
             + f"- catalog: `shardflow catalog show {manifest.name}@{manifest.version}`\n"
         ),

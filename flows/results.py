@@ -16,6 +16,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from data_catalog import Manifest
+from data_catalog.layout import (
+    Cifar10Layout,
+    IdxLayout,
+    ProcessedLayout,
+    SkyServerLayout,
+    raw_layout,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,9 +108,18 @@ def ingest_result(dataset: str, manifest: Manifest, tally: TaskTally) -> IngestR
         rows=manifest.rows,
         files=len(manifest.files),
         sources=[s.get("uri") or s.get("url") or s.get("file") for s in manifest.sources],
-        **{key: manifest.statistics[key] for key in _INGEST_COUNTS if key in manifest.statistics},
+        **_ingest_counts(manifest),
         tally=tally,
     )
+
+
+def _ingest_counts(manifest: Manifest) -> dict[str, int]:
+    layout = raw_layout(manifest)
+    if isinstance(layout, IdxLayout | Cifar10Layout):
+        return {"train_rows": layout.train_rows, "test_rows": layout.test_rows}
+    if isinstance(layout, SkyServerLayout):
+        return {"pages": layout.num_pages, "count_reported": layout.count_reported}
+    return {"synthetic_rows": layout.synthetic_rows}  # CasJobs exports
 
 
 # --- preprocess ----------------------------------------------------------------------------
@@ -149,6 +165,7 @@ class PreprocessResult:
 
 
 def preprocess_result(dataset: str, manifest: Manifest, tally: TaskTally) -> PreprocessResult:
+    layout = ProcessedLayout.of(manifest)
     return PreprocessResult(
         dataset=dataset,
         name=manifest.name,
@@ -156,17 +173,11 @@ def preprocess_result(dataset: str, manifest: Manifest, tally: TaskTally) -> Pre
         parent=str(manifest.parents[0]),
         rows=manifest.rows,
         num_files=len(manifest.files),
-        format=manifest.schema.get("format", "parquet"),
-        splits={
-            split: manifest.statistics[split]
-            for split in ("train", "validation", "test")
-            if split in manifest.statistics
-        },
-        **{
-            key: manifest.statistics[key]
-            for key in ("normalization", "quarantine", "rows_in")
-            if key in manifest.statistics
-        },
+        format=layout.format,
+        splits={name: split.to_manifest() for name, split in layout.splits.items()},
+        normalization=layout.normalization.to_manifest(),
+        quarantine=layout.quarantine.to_statistics() if layout.quarantine else None,
+        rows_in=layout.rows_in,
         tally=tally,
     )
 

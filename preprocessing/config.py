@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from data_catalog.errors import ConfigError
+from data_catalog.layout import FORMATS
 from preprocessing.plan import PlanConfig
 
 
@@ -123,9 +124,6 @@ class ClusterConfig:
             or timeout <= 0
         ):
             raise ConfigError("slurm_start_timeout", f"must be a positive number, got {timeout}")
-
-
-FORMATS = ("parquet", "petastorm")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ import pickle
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,16 @@ import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version, processed_name
 from data_catalog.errors import ConfigError, ShardflowError
+from data_catalog.layout import (
+    IDX_STEMS,
+    Cifar10Layout,
+    Format,
+    IdxLayout,
+    ImageSetLayout,
+    Normalization,
+    ProcessedLayout,
+    raw_layout,
+)
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
@@ -42,6 +52,7 @@ from preprocessing.plan import (
     plan_evaluation_split,
     plan_training_split,
 )
+from preprocessing.publish import commit_processed, split_layouts
 from preprocessing.raw_files import is_url, local_copy
 from preprocessing.shard_files import (
     described,
@@ -270,6 +281,12 @@ def combine_sums(sums: Sequence[Result]) -> dict[str, list[float]]:
     return {"mean": [float(m) for m in mean], "std": [float(s) for s in std]}
 
 
+def normalization_of(sums: Sequence[Result], over: str) -> Normalization:
+    """The layout's normalisation statistics from the training shards' partial sums."""
+    combined = combine_sums(sums)
+    return Normalization(mean=tuple(combined["mean"]), std=tuple(combined["std"]), over=over)
+
+
 def write_petastorm_metadata(
     path: Path, image_shape: Sequence[int], row_groups: dict[str, int]
 ) -> None:
@@ -292,6 +309,8 @@ class ImageJob:
     """A planned preprocessing run of one raw image version (an :class:`engine.Job`)."""
 
     raw: Manifest
+    source: ImageSetLayout
+    """What the raw version's ingest recorded of it."""
     name: str
     version: str
     parents: tuple[ParentRef, ...]
@@ -410,54 +429,60 @@ class ImageJob:
         train_sums = [
             r["sums"] for r in sorted(written, key=lambda r: str(r["path"])) if "sums" in r
         ]
-        raw = self.raw
-        schema: dict[str, Any] = {
-            "format": self.format,
-            "kind": "images",
-            "arrow_schema": schemas.IMAGE_SCHEMA.to_string(),
-            "columns": list(schemas.IMAGE_COLUMNS),
-            "image_shape": raw.schema["image_shape"],
-            "num_classes": raw.schema["num_classes"],
-            "class_names": raw.schema["class_names"],
-            "splits": {p.split: p.split for p in self.plans},
-            "split_by": "hash of the record number in the source split "
+        layout = ProcessedLayout(
+            kind="images",
+            format=cast(Format, self.format),  # one of FORMATS (JobOptions checked it)
+            arrow_schema=schemas.IMAGE_SCHEMA.to_string(),
+            columns=schemas.IMAGE_COLUMNS,
+            image_shape=self.source.image_shape,
+            unischema=(
+                str(schemas.image_unischema(self.image_shape))
+                if self.format == "petastorm"
+                else None
+            ),
+            label_column="label",
+            num_classes=self.source.num_classes,
+            class_names=self.source.class_names,
+            split_by="hash of the record number in the source split "
             "(preprocessing.splits.sample_hash)",
-            "split_fractions": self.fractions,
-        }
-        if self.format == "petastorm":
-            schema["unischema"] = str(schemas.image_unischema(self.image_shape))
-        statistics: dict[str, Any] = {p.split: p.statistics() for p in self.plans}
-        statistics["normalization"] = {
-            **combine_sums(train_sums),
-            "over": "train split, pixel / 255, per channel",
-        }
-        statistics["rows_in"] = int(raw.rows)
-        return stage.commit(
+            split_fractions=self.fractions,
+            splits=split_layouts(self.plans),
+            normalization=normalization_of(train_sums, "train split, pixel / 255, per channel"),
+            rows_in=int(self.raw.rows),
+        )
+        return commit_processed(
+            stage,
+            layout=layout,
             parents=self.parents,
             parameters=self.parameters,
-            schema=schema,
-            statistics=statistics,
-            rows=sum(p.rows for p in self.plans),
             # The shards were hashed and counted by the tasks that wrote them.
             described={relpath: described(relpath, result) for relpath, result in files.items()},
         )
 
 
-def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, ...]]:
+def image_source(raw: Manifest) -> ImageSetLayout:
+    """The layout of a raw image set (IDX files or CIFAR-10 batches)."""
+    source = raw_layout(raw)
+    if not isinstance(source, IdxLayout | Cifar10Layout):
+        raise ShardflowError(
+            f"{raw.name}@{raw.version}: raw format {source.format!r} is not an image set "
+            "shardflow can preprocess (IDX or CIFAR-10 batches)"
+        )
+    return source
+
+
+def _parts(
+    catalog: Catalog, raw: Manifest, source: ImageSetLayout
+) -> tuple[list[RawPart], tuple[int, ...]]:
     path_of = {e.path: catalog.file_url(raw, e) for e in raw.files}
     size_of = {catalog.file_url(raw, e): e.bytes for e in raw.files}
-    shape = tuple(int(d) for d in raw.schema["image_shape"])
-    if raw.schema.get("format") == "idx":
+    if isinstance(source, IdxLayout):
         # The uncompressed copies the ingest made beside gzipped files, where there are any.
-        files = {**raw.schema["files"], **raw.schema.get("decompressed", {})}
+        files = {**source.files, **source.decompressed}
         parts = []
-        for split, prefix in (("train", "train"), ("test", "t10k")):
-            paths = (
-                path_of[files[f"{prefix}-images-idx3-ubyte"]],
-                path_of[files[f"{prefix}-labels-idx1-ubyte"]],
-            )
-            stems = (f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte")
-            plain = all(stem in raw.schema.get("decompressed", {}) for stem in stems) or (
+        for split, stems in IDX_STEMS.items():
+            paths = tuple(path_of[files[stem]] for stem in stems)
+            plain = all(stem in source.decompressed for stem in stems) or (
                 not any(is_url(p) or idx.is_gzip(p) for p in paths)
             )
             parts.append(
@@ -466,38 +491,34 @@ def _parts(catalog: Catalog, raw: Manifest) -> tuple[list[RawPart], tuple[int, .
                     number=0,
                     kind="idx-plain" if plain else "idx",
                     paths=paths,
-                    rows=int(raw.statistics[f"{split}_rows"]),
+                    rows=source.train_rows if split == "train" else source.test_rows,
                     bytes=sum(size_of[p] for p in paths),
                 )
             )
-        return parts, (*shape, 1) if len(shape) == 2 else shape
-    if str(raw.schema.get("format", "")).startswith("cifar10-"):
-        parts = []
-        for split, key in (("train", "train_files"), ("test", "test_files")):
-            for number, name in enumerate(raw.schema[key]):
-                entry = next(e for e in raw.files if e.path == name)
-                if entry.rows is None:
-                    raise ShardflowError(f"{raw.name}@{raw.version}: {name} has no row count")
-                parts.append(
-                    RawPart(
-                        split=split,
-                        number=number,
-                        kind="cifar",
-                        paths=(path_of[entry.path],),
-                        rows=entry.rows,
-                        bytes=entry.bytes,
-                    )
+        return parts, source.pixel_shape
+    parts = []
+    for split, names in (("train", source.train_files), ("test", source.test_files)):
+        for number, name in enumerate(names):
+            entry = next(e for e in raw.files if e.path == name)
+            if entry.rows is None:
+                raise ShardflowError(f"{raw.name}@{raw.version}: {name} has no row count")
+            parts.append(
+                RawPart(
+                    split=split,
+                    number=number,
+                    kind="cifar",
+                    paths=(path_of[entry.path],),
+                    rows=entry.rows,
+                    bytes=entry.bytes,
                 )
-        return parts, shape
-    raise ShardflowError(
-        f"{raw.name}@{raw.version}: raw format {raw.schema.get('format')!r} is not an image set "
-        "shardflow can preprocess (IDX or CIFAR-10 batches)"
-    )
+            )
+    return parts, source.pixel_shape
 
 
 def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
     """Plan the processing of the raw image version ``raw`` (reads manifests only)."""
-    parts, image_shape = _parts(catalog, raw)
+    source = image_source(raw)
+    parts, image_shape = _parts(catalog, raw, source)
     output_format = options.format or "parquet"
     validation = (
         DEFAULT_VALIDATION_FRACTION
@@ -541,6 +562,7 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
     }
     return ImageJob(
         raw=raw,
+        source=source,
         name=name,
         version=derived_version(
             name=name, kind="processed", parents=parents, parameters=parameters

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from data_catalog.errors import ConfigError
+from data_catalog.layout import SplitLayout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,18 +85,18 @@ class SplitPlan:
         """Rows written (padding included)."""
         return self.source_rows - self.dropped_rows + self.padded_rows
 
-    def statistics(self) -> dict[str, int | str]:
+    def layout(self) -> SplitLayout:
         """What the manifest records of this split."""
-        return {
-            "rows": self.rows,
-            "source_rows": self.source_rows,
-            "dropped_rows": self.dropped_rows,
-            "padded_rows": self.padded_rows,
-            "rows_per_group": self.rows_per_group,
-            "num_row_groups": self.num_row_groups,
-            "num_shards": len(self.shards),
-            "policy": self.policy,
-        }
+        return SplitLayout(
+            rows=self.rows,
+            source_rows=self.source_rows,
+            dropped_rows=self.dropped_rows,
+            padded_rows=self.padded_rows,
+            rows_per_group=self.rows_per_group,
+            num_row_groups=self.num_row_groups,
+            num_shards=len(self.shards),
+            policy=self.policy,
+        )
 
 
 def equal_groups(num_rows: int, config: PlanConfig) -> tuple[int, int]:

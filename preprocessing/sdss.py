@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version, processed_name
 from data_catalog.errors import ConfigError, ShardflowError
+from data_catalog.layout import ProcessedLayout, Quarantine
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
@@ -47,6 +48,7 @@ from preprocessing.plan import (
     plan_evaluation_split,
     plan_training_split,
 )
+from preprocessing.publish import commit_processed, split_layouts
 from preprocessing.raw_files import parquet_file
 from preprocessing.shard_files import (
     described,
@@ -582,7 +584,7 @@ class SdssJob:
         return tasks
 
     def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
-        from preprocessing.images import combine_sums
+        from preprocessing.images import normalization_of
 
         scans, written = self.piece_results(done), done["write"]
         plans = self.plans(scans)
@@ -607,37 +609,35 @@ class SdssJob:
         for scan in scans:
             for reason, count in scan["reasons"].items():
                 reasons[reason] = reasons.get(reason, 0) + int(count)
-        statistics: dict[str, Any] = {p.split: p.statistics() for p in plans}
-        statistics["normalization"] = {
-            **combine_sums([r["sums"] for r in in_order if "sums" in r]),
-            "over": "train split, per feature in feature_columns order",
-        }
-        statistics["quarantine"] = {
-            "rows": sum(int(s["quarantined"]) for s in scans),
-            "reasons": dict(sorted(reasons.items())),
-            "files": len(quarantine),
-        }
-        statistics["rows_in"] = sum(int(s["rows_in"]) for s in scans)
-        statistics["class_names"] = list(schemas.SDSS_CLASSES)
-        return stage.commit(
+        layout = ProcessedLayout(
+            kind="tabular",
+            format="parquet",
+            arrow_schema=schemas.SDSS_SCHEMA.to_string(),
+            columns=tuple(schemas.SDSS_SCHEMA.names),
+            feature_columns=schemas.SDSS_FEATURES,
+            label_column="label",
+            num_classes=len(schemas.SDSS_CLASSES),
+            class_names=schemas.SDSS_CLASSES,
+            split_by="hash of (objid, specobjid) (preprocessing.splits.sample_hash)",
+            split_fractions=self.fractions,
+            splits=split_layouts(plans),
+            normalization=normalization_of(
+                [r["sums"] for r in in_order if "sums" in r],
+                "train split, per feature in feature_columns order",
+            ),
+            quarantine=Quarantine(
+                rows=sum(int(s["quarantined"]) for s in scans),
+                reasons=dict(sorted(reasons.items())),
+                files=len(quarantine),
+                contents="quarantine/ (all raw columns + reason)",
+            ),
+            rows_in=sum(int(s["rows_in"]) for s in scans),
+        )
+        return commit_processed(
+            stage,
+            layout=layout,
             parents=self.parents,
             parameters=self.parameters,
-            schema={
-                "format": "parquet",
-                "kind": "tabular",
-                "arrow_schema": schemas.SDSS_SCHEMA.to_string(),
-                "columns": list(schemas.SDSS_SCHEMA.names),
-                "feature_columns": list(schemas.SDSS_FEATURES),
-                "label_column": "label",
-                "num_classes": len(schemas.SDSS_CLASSES),
-                "class_names": list(schemas.SDSS_CLASSES),
-                "splits": {p.split: p.split for p in plans},
-                "split_by": "hash of (objid, specobjid) (preprocessing.splits.sample_hash)",
-                "split_fractions": self.fractions,
-                "quarantine": "quarantine/ (all raw columns + reason)",
-            },
-            statistics=statistics,
-            rows=sum(p.rows for p in plans),
             # Hashed and counted by the tasks that wrote them: the commit reads nothing again.
             described={relpath: described(relpath, result) for relpath, result in files.items()},
         )

@@ -36,46 +36,38 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest, Problem
+from data_catalog.layout import LayoutError, ProcessedLayout, SplitLayout
 from data_catalog.manifest import MANIFEST_NAME
 
 # Both figures are recomputed bit for bit as the writer computed them; the tolerance only
 # absorbs a last-digit difference should a numpy upgrade sum in another order.
 RELATIVE_TOLERANCE = 1e-9
-# Training splits are cut into equal row groups; evaluation splits are written whole, with a
-# shorter last row group in each file.
-EQUAL_GROUP_POLICIES = ("drop", "pad")
 
 
 def check_processed(catalog: Catalog, manifest: Manifest) -> list[Problem]:
-    """Problems of a processed version's statistics against its files, each naming the field;
-    [] for other kinds, and for catalogs that are not local (preprocessing writes only to local
-    catalogs)."""
+    """Problems of a processed version's layout against its files, each naming the field (a
+    layout that cannot be read is one problem naming its first garbled field); [] for other
+    kinds, and for catalogs that are not local (preprocessing writes only to local catalogs)."""
     if manifest.kind != "processed" or not catalog.is_local:
         return []
     location = f"{catalog.version_url(manifest.name, manifest.version)}/{MANIFEST_NAME}"
+    try:
+        layout = ProcessedLayout.of(manifest)
+    except LayoutError as exc:
+        return [Problem(path=location, reason=str(exc))]
     problems: list[str] = []
     split_rows = 0
-    for split, statistics in _split_statistics(manifest).items():
+    for split, split_layout in sorted(layout.splits.items()):
         paths = _split_files(catalog, manifest, split)
         groups = [_row_group_rows(path) for path in paths]
         split_rows += sum(sum(g) for g in groups)
-        problems += _split_problems(split, statistics, groups)
+        problems += _split_problems(split, split_layout, groups)
     if split_rows != manifest.rows:
         problems.append(
             f"manifest field rows is {manifest.rows}, the splits' files hold {split_rows} rows"
         )
-    problems += _normalization_problems(catalog, manifest)
+    problems += _normalization_problems(catalog, manifest, layout)
     return [Problem(path=location, reason=f"{manifest.ref}: {p}") for p in problems]
-
-
-def _split_statistics(manifest: Manifest) -> dict[str, dict[str, Any]]:
-    """The splits the manifest plans (``schema.splits``) with their statistics."""
-    splits = manifest.schema.get("splits", {})
-    return {
-        split: manifest.statistics[split]
-        for split in sorted(splits)
-        if isinstance(manifest.statistics.get(split), dict)
-    }
 
 
 def _split_files(catalog: Catalog, manifest: Manifest, split: str) -> list[Path]:
@@ -91,23 +83,21 @@ def _row_group_rows(path: Path) -> list[int]:
     return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
 
 
-def _split_problems(split: str, statistics: dict[str, Any], groups: list[list[int]]) -> list[str]:
+def _split_problems(split: str, layout: SplitLayout, groups: list[list[int]]) -> list[str]:
     """What ``statistics.<split>`` says against the row groups of its files, in path order."""
     field = f"statistics.{split}"
     found = {
-        "rows": sum(sum(g) for g in groups),
-        "num_row_groups": sum(len(g) for g in groups),
-        "num_shards": len(groups),
+        "rows": (layout.rows, sum(sum(g) for g in groups)),
+        "num_row_groups": (layout.num_row_groups, sum(len(g) for g in groups)),
+        "num_shards": (layout.num_shards, len(groups)),
     }
     problems = [
-        f"{field}.{key} is {statistics.get(key)}, the {split}/ files hold {value}"
-        for key, value in found.items()
-        if key in statistics and statistics[key] != value
+        f"{field}.{key} is {recorded}, the {split}/ files hold {value}"
+        for key, (recorded, value) in found.items()
+        if recorded != value
     ]
-    per_group = statistics.get("rows_per_group")
-    if per_group is None:
-        return problems
-    if statistics.get("policy") in EQUAL_GROUP_POLICIES:
+    per_group = layout.rows_per_group
+    if layout.equal_row_groups:
         sizes = sorted({n for g in groups for n in g})
         if sizes and sizes != [per_group]:
             problems.append(
@@ -127,21 +117,20 @@ def _split_problems(split: str, statistics: dict[str, Any], groups: list[list[in
     return problems
 
 
-def _normalization_problems(catalog: Catalog, manifest: Manifest) -> list[str]:
+def _normalization_problems(
+    catalog: Catalog, manifest: Manifest, layout: ProcessedLayout
+) -> list[str]:
     """statistics.normalization.mean and std against the figures recomputed from train/."""
-    recorded = manifest.statistics.get("normalization")
-    if not isinstance(recorded, dict) or "train" not in manifest.statistics:
-        return []
-    recomputed = recompute_normalization(manifest, _split_files(catalog, manifest, "train"))
+    recomputed = recompute_normalization(layout, _split_files(catalog, manifest, "train"))
     if recomputed is None:
         return []
     problems = []
-    for key in ("mean", "std"):
-        values = recorded.get(key)
+    recorded = {"mean": layout.normalization.mean, "std": layout.normalization.std}
+    for key, values in recorded.items():
         field = f"statistics.normalization.{key}"
-        if not isinstance(values, list) or len(values) != len(recomputed[key]):
+        if len(values) != len(recomputed[key]):
             problems.append(
-                f"{field} is {values!r}, recomputed from the train/ files: {recomputed[key]}"
+                f"{field} is {list(values)!r}, recomputed from the train/ files: {recomputed[key]}"
             )
             continue
         for i, (value, expected) in enumerate(zip(values, recomputed[key], strict=True)):
@@ -153,33 +142,30 @@ def _normalization_problems(catalog: Catalog, manifest: Manifest) -> list[str]:
 
 
 def recompute_normalization(
-    manifest: Manifest, train_files: Sequence[Path]
+    layout: ProcessedLayout, train_files: Sequence[Path]
 ) -> dict[str, list[float]] | None:
     """Mean and std as the writer computed them: its per-shard sums (pixel / 255 per channel,
     or the features), one shard at a time in path order, combined by its own function.
 
-    None for a kind of data this does not know.
+    None when there are no training files.
     """
     from preprocessing.images import channel_sums, combine_sums
 
-    kind = manifest.schema.get("kind", "images")
     sums = []
-    if kind == "images":
-        shape = [int(d) for d in manifest.schema["image_shape"]]
-        channels = shape[2] if len(shape) == 3 else 1
-        petastorm = manifest.schema.get("format") == "petastorm"
+    if layout.image_shape is not None:
+        shape = list(layout.image_shape)
+        channels = layout.pixel_shape[-1]
+        petastorm = layout.format == "petastorm"
         for path in train_files:
             column = pq.read_table(path, columns=["image"]).column("image")
             pixels = _decoded(column, shape) if petastorm else _pixels(column)
             sums.append(channel_sums(pixels, channels))
-    elif kind == "tabular":
+    else:
         from preprocessing.sdss import feature_sums
 
-        columns = list(manifest.schema.get("feature_columns", []))
+        columns = list(layout.feature_columns or ())
         for path in train_files:
             sums.append(feature_sums(pq.read_table(path, columns=columns)))
-    else:
-        return None
     if not sums:
         return None
     return combine_sums(sums)

@@ -28,42 +28,39 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from data_catalog.layout import ProcessedLayout, SplitLayout
+
 if TYPE_CHECKING:
     from training.input_metrics import EpochInput, InputMeter
 
 
-@dataclass(frozen=True, kw_only=True)
-class SplitLayout:
-    """What the catalog says of a training split: equal row groups, counted."""
+def rows_of_rank(split: SplitLayout, rank: int, num_ranks: int) -> int:
+    """Rows ``rank`` reads of a split of equal row groups, every epoch."""
+    # petastorm gives row group i to shard i % shard_count.
+    return len(range(rank, split.num_row_groups, num_ranks)) * split.rows_per_group
 
-    rows_per_group: int
-    num_row_groups: int
 
-    def rows_of_rank(self, rank: int, num_ranks: int) -> int:
-        # petastorm gives row group i to shard i % shard_count.
-        return len(range(rank, self.num_row_groups, num_ranks)) * self.rows_per_group
-
-    def steps_per_epoch(self, num_ranks: int, batch_size: int) -> int:
-        """Steps every rank can take in one epoch: set by the rank with the fewest rows, so
-        that no rank waits in an allreduce for a peer that ran out of data."""
-        if self.num_row_groups < num_ranks:
-            raise ValueError(
-                f"{self.num_row_groups} row groups cannot feed {num_ranks} ranks; "
-                "preprocess with smaller row groups or train on fewer ranks"
-            )
-        fewest = min(self.rows_of_rank(r, num_ranks) for r in range(num_ranks))
-        steps = fewest // batch_size
-        if steps == 0:
-            raise ValueError(
-                f"a rank holds {fewest} rows, fewer than one batch of {batch_size}; "
-                "lower --batch-size"
-            )
-        return steps
+def plan_steps(split: SplitLayout, num_ranks: int, batch_size: int) -> int:
+    """Steps every rank can take in one epoch of ``split``: set by the rank with the fewest
+    rows, so that no rank waits in an allreduce for a peer that ran out of data."""
+    if split.num_row_groups < num_ranks:
+        raise ValueError(
+            f"{split.num_row_groups} row groups cannot feed {num_ranks} ranks; "
+            "preprocess with smaller row groups or train on fewer ranks"
+        )
+    fewest = min(rows_of_rank(split, r, num_ranks) for r in range(num_ranks))
+    steps = fewest // batch_size
+    if steps == 0:
+        raise ValueError(
+            f"a rank holds {fewest} rows, fewer than one batch of {batch_size}; lower --batch-size"
+        )
+    return steps
 
 
 @dataclass(frozen=True, kw_only=True)
 class InputSpec:
-    """How to turn a processed split's rows into (inputs, labels), from its manifest."""
+    """How to turn a processed split's rows into (inputs, labels), from its layout; the
+    launcher hands it to the ranks as a dict (``WorkerConfig.spec``)."""
 
     kind: str = "images"
     """"images" or "tabular"."""
@@ -75,18 +72,14 @@ class InputSpec:
     label_column: str = "label"
 
     @classmethod
-    def of(cls, schema: dict[str, Any]) -> InputSpec:
-        """The spec of a processed version, from its manifest's schema."""
-        kind = schema.get("kind", "images")
-        shape = [int(d) for d in schema.get("image_shape", [])]
-        if kind == "images" and len(shape) == 2:
-            shape.append(1)
+    def of(cls, layout: ProcessedLayout) -> InputSpec:
+        """The spec of a processed version, from its layout."""
         return cls(
-            kind=kind,
-            format=schema.get("format", "parquet"),
-            image_shape=shape,
-            feature_columns=list(schema.get("feature_columns", [])),
-            label_column=schema.get("label_column", "label"),
+            kind=layout.kind,
+            format=layout.format,
+            image_shape=list(layout.pixel_shape),
+            feature_columns=list(layout.feature_columns or ()),
+            label_column=layout.label_column,
         )
 
     @property

@@ -31,7 +31,7 @@ from training import models
 from training.checkpoints import STEP_CHECKPOINT
 from training.config import LaunchConfig, TrainConfig, check_launch
 from training.hosts import check_hosts
-from training.input import SplitLayout, as_url
+from training.input import as_url, plan_steps, rows_of_rank
 from training.rank.config import WorkerConfig
 from training.rank.run_dir import DIVERGED_NAME, last_checkpoint
 
@@ -118,19 +118,14 @@ def train(
     processed = catalog.get(processed_name(dataset))
     # Before anything is planned from the manifest, launched or written: the ranks would read
     # whatever bytes are there, and the manifest's counts plan their steps.
-    verify_input(catalog, processed, progress)
-    spec = InputSpec.of(processed.schema)
+    layout = verify_input(catalog, processed, progress).layout
+    spec = InputSpec.of(layout)
     try:
         models.check(config.model, spec.kind)
     except ValueError as exc:
         raise ShardflowError(f"{dataset}: {exc}") from exc
-    train_stats = processed.statistics["train"]
-    layout = SplitLayout(
-        rows_per_group=int(train_stats["rows_per_group"]),
-        num_row_groups=int(train_stats["num_row_groups"]),
-    )
     try:
-        steps = layout.steps_per_epoch(config.num_ranks, config.batch_size)
+        steps = plan_steps(layout.train, config.num_ranks, config.batch_size)
     except ValueError as exc:
         raise ShardflowError(str(exc)) from exc
     name = model_name(dataset, config.model)
@@ -148,7 +143,6 @@ def train(
     run_dir = runs_dir / f"{name}-{version}"
     train_url = as_url(_split_location(catalog, processed, "train") or "")
     _prepare_run_dir(runs_dir, name, run_dir, config, launch, train_url, progress)
-    normalization = processed.statistics.get("normalization", {})
     worker_config = WorkerConfig(
         train=config,
         launch=launch,
@@ -157,9 +151,9 @@ def train(
         validation_dir=_split_location(catalog, processed, "validation"),
         run_dir=str(run_dir),
         spec=asdict(spec),
-        mean=normalization.get("mean"),
-        std=normalization.get("std"),
-        num_classes=int(processed.schema["num_classes"]),
+        mean=list(layout.normalization.mean),
+        std=list(layout.normalization.std),
+        num_classes=layout.num_classes,
         steps_per_epoch=steps,
     )
     worker_config.dump(run_dir / "worker.json")
@@ -190,7 +184,7 @@ def train(
                 "num_classes": worker_config.num_classes,
             },
             statistics=metrics,
-            rows=layout.rows_of_rank(0, 1),
+            rows=rows_of_rank(layout.train, 0, 1),
             extra={
                 "run_dir": str(run_dir),
                 # The same set every epoch; the order each rank read them in, per epoch, is a

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from data_catalog import Catalog, Manifest, ShardflowError
+from data_catalog.layout import ProcessedLayout
 from training.input_metrics import INPUT_BOUND_THRESHOLD, summarize
 
 REPORT_NAME = "report.html"
@@ -160,37 +161,36 @@ def _tasks(run: dict[str, Any]) -> str:
 def _processed_section(processed: Manifest | None) -> str:
     if processed is None:
         return "<h2>Preprocess</h2><p>the processed version is not in the catalog</p>"
-    stats = processed.statistics
-    quarantine = stats.get("quarantine", {})
+    layout = ProcessedLayout.of(processed)
     rows: list[list[Any]] = [
         ["version", _ref(processed)],
         ["parent", html.escape(str(processed.parents[0])) if processed.parents else ""],
         ["shards (files)", len(processed.files)],
         ["rows", f"{processed.rows:,}"],
-        ["rows in", f"{stats['rows_in']:,}" if "rows_in" in stats else "not recorded"],
-        ["quarantined rows", f"{quarantine['rows']:,}" if "rows" in quarantine else "0"],
-        ["format", html.escape(str(processed.schema.get("format", "parquet")))],
+        ["rows in", f"{layout.rows_in:,}"],
+        ["quarantined rows", f"{layout.quarantine.rows:,}" if layout.quarantine else "0"],
+        ["format", html.escape(layout.format)],
         ["tasks", _tasks(_run_facts(processed))],
     ]
     rows += [
         [
-            f"{split} split",
-            f"{int(stats[split]['rows']):,} rows"
-            + (
-                f", {stats[split]['num_row_groups']} row groups of {stats[split]['rows_per_group']}"
-                if "num_row_groups" in stats[split]
-                else ""
-            ),
+            f"{name} split",
+            f"{split.rows:,} rows, {split.num_row_groups} row groups of {split.rows_per_group}",
         ]
-        for split in ("train", "validation", "test")
-        if split in stats
+        for name, split in layout.splits.items()
     ]
     return "<h2>Preprocess</h2>" + _facts(rows)
 
 
+def recorded_input_by_rank(model: Manifest) -> list[dict[str, Any]]:
+    """Each rank's input and step figures as rank 0 recorded them in the model version's
+    metrics (``metrics.json``, its statistics); [] for versions trained before they were."""
+    metrics: dict[str, Any] = model.statistics
+    return list(metrics.get("input_by_rank") or [])
+
+
 def _ranks_section(model: Manifest, chart: bytes | None) -> str:
-    metrics = model.statistics
-    input_by_rank = metrics.get("input_by_rank")
+    input_by_rank = recorded_input_by_rank(model)
     if not input_by_rank:
         return "<h2>Ranks</h2><p>no per-rank input metrics were recorded for this version</p>"
     # The flags again from the records: a version trained before a threshold changed shows
@@ -332,7 +332,7 @@ def render_html(inputs: ReportInputs) -> str:
     model = inputs.model
     metrics = model.statistics
     run_dir = model.extra.get("run_dir")
-    input_by_rank = metrics.get("input_by_rank") or []
+    input_by_rank = recorded_input_by_rank(model)
     chart = rank_chart_png(input_by_rank) if input_by_rank else None
     facts = [
         ["version", _ref(model)],

@@ -10,11 +10,13 @@ verify_input(catalog, processed)  before the launcher plans or starts a rank:
     │                             Parquet footer's rows and row groups against the manifest, no
     │                             file the manifest does not list (petastorm would read a stray
     │                             part file in train/)
+    │  ProcessedLayout.of         the layout, every field present and well-formed
     │  layout_problems            what the launcher plans from, statistics.train.rows_per_group
     │                             and num_row_groups, against the train/ footers: every row
     │                             group holds rows_per_group rows, and there are num_row_groups
     ▼
-ShardflowError, one line naming the file and what differs; nothing launched, nothing written
+the checked layout, for the launcher to plan from; or a ShardflowError, one line naming the
+file (or field) and what differs: nothing launched, nothing written
 ```
 
 Hashing is the cost: the whole processed version is read once (docs/training.md, "Checking the
@@ -31,6 +33,7 @@ import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest, Problem
 from data_catalog.errors import ShardflowError
+from data_catalog.layout import LayoutError, ProcessedLayout
 from data_catalog.manifest import MANIFEST_NAME, FileEntry
 
 
@@ -38,6 +41,9 @@ from data_catalog.manifest import MANIFEST_NAME, FileEntry
 class InputCheck:
     """What :func:`verify_input` checked, for the progress line."""
 
+    layout: ProcessedLayout
+    """The version's layout, read once and checked against its files: what the launcher
+    plans the ranks' steps from."""
     files: int
     bytes: int
     seconds: float
@@ -52,7 +58,15 @@ def verify_input(
     file (or manifest field) that differs, with the count of the others."""
     started = time.perf_counter()
     report = catalog.verify_report(processed.name, processed.version)
-    problems = list(report.problems) or layout_problems(catalog, processed)
+    problems = list(report.problems)
+    layout = None
+    if not problems:
+        try:
+            layout = ProcessedLayout.of(processed)
+        except LayoutError as exc:
+            problems = [Problem(path=_manifest_location(catalog, processed), reason=str(exc))]
+        else:
+            problems = layout_problems(catalog, processed, layout)
     if problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -61,7 +75,9 @@ def verify_input(
             f"{_one_line(first.reason)}{more}; nothing was trained (see `shardflow catalog "
             f"verify {processed.name}@{processed.version}`)"
         )
+    assert layout is not None  # read whenever the files were intact
     check = InputCheck(
+        layout=layout,
         files=len(processed.files),
         bytes=sum(f.bytes for f in processed.files),
         seconds=time.perf_counter() - started,
@@ -76,37 +92,39 @@ def verify_input(
     return check
 
 
-def layout_problems(catalog: Catalog, processed: Manifest) -> list[Problem]:
-    """The training split's layout in the manifest (what the launcher plans the ranks' row
-    groups and steps from) against its Parquet footers."""
-    location = f"{catalog.version_url(processed.name, processed.version)}/{MANIFEST_NAME}"
-    statistics = processed.statistics.get("train")
-    if not isinstance(statistics, dict):
-        return [Problem(path=location, reason="no statistics.train: not a training split")]
+def layout_problems(
+    catalog: Catalog, processed: Manifest, layout: ProcessedLayout
+) -> list[Problem]:
+    """The training split's layout (what the launcher plans the ranks' row groups and steps
+    from) against its Parquet footers."""
+    train = layout.train
     sizes: list[int] = []
     for entry in sorted(processed.files, key=lambda e: e.path):
         if entry.path.startswith("train/") and entry.path.endswith(".parquet"):
             metadata = _footer(catalog, processed, entry)
             sizes += [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
     problems = []
-    recorded_groups = statistics.get("num_row_groups")
-    if recorded_groups != len(sizes):
+    if train.num_row_groups != len(sizes):
         problems.append(
-            f"statistics.train.num_row_groups is {recorded_groups}, the train/ files hold "
+            f"statistics.train.num_row_groups is {train.num_row_groups}, the train/ files hold "
             f"{len(sizes)} row groups"
         )
-    per_group = statistics.get("rows_per_group")
-    if sorted(set(sizes)) != [per_group]:
+    if sorted(set(sizes)) != [train.rows_per_group]:
         held = ", ".join(str(n) for n in sorted(set(sizes))) or "no"
         problems.append(
-            f"statistics.train.rows_per_group is {per_group}, the train/ row groups hold "
-            f"{held} rows"
+            f"statistics.train.rows_per_group is {train.rows_per_group}, the train/ row groups "
+            f"hold {held} rows"
         )
-    if "rows" in statistics and statistics["rows"] != sum(sizes):
+    if train.rows != sum(sizes):
         problems.append(
-            f"statistics.train.rows is {statistics['rows']}, the train/ files hold {sum(sizes)}"
+            f"statistics.train.rows is {train.rows}, the train/ files hold {sum(sizes)}"
         )
+    location = _manifest_location(catalog, processed)
     return [Problem(path=location, reason=p) for p in problems]
+
+
+def _manifest_location(catalog: Catalog, processed: Manifest) -> str:
+    return f"{catalog.version_url(processed.name, processed.version)}/{MANIFEST_NAME}"
 
 
 def _footer(catalog: Catalog, processed: Manifest, entry: FileEntry) -> pq.FileMetaData:

@@ -12,13 +12,13 @@ from flows.console import Context
 
 def cmd_report(ctx: Context, args: argparse.Namespace) -> int:
     from training.input_metrics import summarize
-    from training.report import gather, write_report
+    from training.report import gather, recorded_input_by_rank, write_report
 
     name, _, version = args.ref.partition("@")
     catalog = ctx.settings.catalog()
     path = write_report(catalog, name, version or None, Path(args.out) if args.out else None)
     model = gather(catalog, name, version or None).model
-    input_by_rank = model.statistics.get("input_by_rank") or []
+    input_by_rank = recorded_input_by_rank(model)
     # As the page: today's flags from the recorded figures.
     summary = summarize(input_by_rank)
     ctx.emit(

@@ -20,21 +20,19 @@ from typing import Any
 
 from data_catalog import Catalog, Manifest, processed_name
 from data_catalog.errors import ShardflowError
+from data_catalog.layout import ProcessedLayout
 from training import models
 from training.config import LaunchConfig, TrainConfig
-from training.input import InputSpec, SplitLayout, load_split, make_train_dataset
+from training.input import InputSpec, load_split, make_train_dataset, plan_steps
 from training.launcher import run_ranks
 from training.rank.config import WorkerConfig
 
 Progress = Callable[[str], None]
 
 
-def _processed(catalog: Catalog, dataset: str) -> tuple[Manifest, SplitLayout, Path]:
+def _processed(catalog: Catalog, dataset: str) -> tuple[Manifest, ProcessedLayout, Path]:
     manifest = catalog.get(processed_name(dataset))
-    stats = manifest.statistics["train"]
-    layout = SplitLayout(
-        rows_per_group=int(stats["rows_per_group"]), num_row_groups=int(stats["num_row_groups"])
-    )
+    layout = ProcessedLayout.of(manifest)
     return manifest, layout, catalog.version_dir(manifest.name, manifest.version)
 
 
@@ -56,8 +54,8 @@ def bench_reader(
     import tensorflow as tf
 
     manifest, layout, directory = _processed(catalog, dataset)
-    steps = min(steps, layout.steps_per_epoch(1, batch_size))
-    spec = InputSpec.of(manifest.schema)
+    steps = min(steps, plan_steps(layout.train, 1, batch_size))
+    spec = InputSpec.of(layout)
     inputs, labels = load_split(directory / "train", spec)
     in_memory = (
         tf.data.Dataset.from_tensor_slices((inputs, labels))
@@ -72,17 +70,16 @@ def bench_reader(
         rank=0,
         num_ranks=1,
         batch_size=batch_size,
-        steps_per_epoch=layout.steps_per_epoch(1, batch_size),
+        steps_per_epoch=plan_steps(layout.train, 1, batch_size),
         seed=0,
         shuffle_buffer=4096,
     )
-    normalization = manifest.statistics.get("normalization", {})
     model = models.build(
         _model_for(spec),
         input_shape=spec.input_shape,
-        num_classes=int(manifest.schema["num_classes"]),
-        mean=normalization.get("mean"),
-        std=normalization.get("std"),
+        num_classes=layout.num_classes,
+        mean=layout.normalization.mean,
+        std=layout.normalization.std,
     )
     model.compile(
         optimizer=tf.keras.optimizers.legacy.Adam(0.001),
@@ -136,10 +133,10 @@ def bench_scaling(
     rank) is a throughput benchmark's: at 32, a step's allreduce weighs as much as its compute.
     """
     manifest, layout, directory = _processed(catalog, dataset)
-    steps = min(steps, layout.steps_per_epoch(2, batch_size))
+    steps = min(steps, plan_steps(layout.train, 2, batch_size))
     throughput: dict[int, float] = {1: 0.0, 2: 0.0}
     measured: dict[str, list[float]] = {"1": [], "2": []}
-    spec = InputSpec.of(manifest.schema)
+    spec = InputSpec.of(layout)
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-") as scratch:
         for launch_number, num_ranks in enumerate([1, 2] * rounds):
             run_dir = Path(scratch) / f"np{num_ranks}-{launch_number}"
@@ -163,7 +160,7 @@ def bench_scaling(
                 test_dir=str(directory / "test"),
                 run_dir=str(run_dir),
                 spec=asdict(spec),
-                num_classes=int(manifest.schema["num_classes"]),
+                num_classes=layout.num_classes,
                 steps_per_epoch=steps,
                 evaluate=False,
             ).dump(run_dir / "worker.json")
@@ -267,8 +264,8 @@ def bench_aggregation(
     epoch and test accuracy. Every cell is a real training run, committed as a model version."""
     from training.launcher import train
 
-    processed, _layout, _directory = _processed(catalog, dataset)
-    model = _model_for(InputSpec.of(processed.schema))
+    _manifest, layout, _directory = _processed(catalog, dataset)
+    model = _model_for(InputSpec.of(layout))
     rows = []
     for num_ranks in ranks:
         for k in passes:

@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from data_catalog import Catalog, FileEntry, Manifest, Staging
+from data_catalog.layout import Cifar10Layout
 from preprocessing.driver import Result, Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import crash_point, partial_path, record_result, recorded_result
 from preprocessing.sources import task_progress
@@ -689,20 +690,18 @@ class Cifar10Job:
         manifest: Manifest = stage.commit(
             sources=sources,
             parameters={},
-            schema={
-                "format": f"cifar10-{fmt}",
-                "image_shape": [32, 32, 3],
-                "num_classes": len(CLASS_NAMES),
-                "class_names": list(CLASS_NAMES),
-                "train_files": [f for f in spec.batches if not f.startswith("test")],
-                "test_files": [f for f in spec.batches if f.startswith("test")],
-            },
-            statistics={
-                "train_rows": train,
-                "test_rows": test,
-                "class_counts": class_counts,
-                "provenance": self.provenance,
-            },
+            **Cifar10Layout(
+                batch_format=fmt,
+                image_shape=(32, 32, 3),
+                num_classes=len(CLASS_NAMES),
+                class_names=tuple(CLASS_NAMES),
+                train_files=tuple(f for f in spec.batches if not f.startswith("test")),
+                test_files=tuple(f for f in spec.batches if f.startswith("test")),
+                train_rows=train,
+                test_rows=test,
+                class_counts={split: tuple(c) for split, c in class_counts.items()},
+                provenance=self.provenance,
+            ).to_manifest(),
             rows=train + test,
             described=described,
         )

@@ -40,6 +40,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from data_catalog import Catalog, FileEntry, Manifest, Staging
+from data_catalog.layout import ExportsLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import HashingSink, crash_point, record_result, recorded_result
 from preprocessing.sources.errors import SourceError
@@ -374,10 +375,10 @@ def _typed_batch(
 
 def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     names = _csv_header(stream, where)
-    mapping, schema = match_columns(names, where)
+    mapping, kinds = match_columns(names, where)
     canonical = {in_file: name for name, in_file in mapping.items()}
     columns = [canonical[name] for name in names]
-    target = output_schema(schema)
+    target = output_schema(kinds)
 
     def batches() -> Iterator[pa.RecordBatch]:
         first_row = 1
@@ -393,7 +394,7 @@ def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterato
                 # a traceback. Without one, the error names the row and its text (decoded with
                 # replacement characters).
                 convert_options=pcsv.ConvertOptions(
-                    column_types={name: _ARROW_TYPES[schema[name]] for name in columns},
+                    column_types={name: _ARROW_TYPES[kinds[name]] for name in columns},
                     # Only an empty cell is null (NaN in a float column, refused for an id);
                     # pyarrow's default list would turn "nan", "NULL", "NA" ... into nulls too.
                     null_values=[""],
@@ -401,7 +402,7 @@ def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterato
                 ),
             )
             for batch in reader:
-                yield _typed_batch(batch, schema, target, where, first_row)
+                yield _typed_batch(batch, kinds, target, where, first_row)
                 first_row += batch.num_rows
         except pa.ArrowInvalid as exc:
             if "Empty CSV file" in str(exc):
@@ -706,8 +707,13 @@ class ExportsJob:
         manifest: Manifest = stage.commit(
             sources=sources,
             parameters={"format": "casjobs-export"},
-            schema={"format": "parquet", "columns": dict(SCHEMA), "optional": dict(OPTIONAL)},
-            statistics={"rows": total, "files": len(sources), "synthetic_rows": synthetic},
+            **ExportsLayout(
+                columns=dict(SCHEMA),
+                optional=dict(OPTIONAL),
+                rows=total,
+                num_files=len(sources),
+                synthetic_rows=synthetic,
+            ).to_manifest(),
             rows=total,
             described=described,
         )

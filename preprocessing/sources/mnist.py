@@ -24,6 +24,7 @@ import fsspec
 
 from data_catalog import Catalog, FileEntry, Manifest, Staging
 from data_catalog.errors import ShardflowError
+from data_catalog.layout import IdxLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import record_result, recorded_result
 from preprocessing.sources import idx, task_progress
@@ -282,7 +283,10 @@ class IdxJob:
     files: tuple[IdxFile, ...]
     canonical: bool
     """A default source: the published digests are checked."""
-    provenance: dict[str, Any]
+    provenance: str
+    """"real", or "synthetic" when a SYNTHETIC.json marker lies beside the files."""
+    synthetic: Any
+    """That marker's JSON (None for real sources)."""
     cache: str | None
     kind: str = "raw"
     passes: tuple[str, ...] = ("fetch",)
@@ -385,21 +389,18 @@ class IdxJob:
                 for file in self.files
             ],
             parameters={},
-            schema={
-                "format": "idx",
-                "image_shape": list(shapes["train"]),
-                "num_classes": self.dataset.num_classes,
-                "class_names": list(self.dataset.class_names),
-                "files": {file.stem: file.name for file in self.files},
-                # The same data without gzip, beside the fetched bytes (which stay exact).
-                "decompressed": decompressed,
-            },
-            statistics={
-                "train_rows": counts["train"],
-                "test_rows": counts["test"],
-                "canonical_digests_checked": self.canonical,
-                **self.provenance,
-            },
+            **IdxLayout(
+                image_shape=shapes["train"],
+                num_classes=self.dataset.num_classes,
+                class_names=tuple(self.dataset.class_names),
+                files={file.stem: file.name for file in self.files},
+                decompressed=decompressed,
+                train_rows=counts["train"],
+                test_rows=counts["test"],
+                canonical_digests_checked=self.canonical,
+                provenance=self.provenance,
+                synthetic=self.synthetic,
+            ).to_manifest(),
             rows=counts["train"] + counts["test"],
             described=described,
         )
@@ -429,12 +430,14 @@ def plan_ingest(
                 raise
             errors.append(str(exc))
             continue
+        provenance, marker = _provenance(candidate)
         return IdxJob(
             dataset=dataset,
             source=candidate,
             files=tuple(files),
             canonical=source is None,
-            provenance=_provenance(candidate),
+            provenance=provenance,
+            synthetic=marker,
             cache=str(cache) if cache else None,
         )
     raise SourceError(
@@ -461,11 +464,12 @@ def ingest(
     return run_job(catalog, job, runner=serial_runner, progress=progress)
 
 
-def _provenance(source: str) -> dict[str, Any]:
-    """What SYNTHETIC.json beside the files says (written by `shardflow synth`), if present."""
+def _provenance(source: str) -> tuple[str, Any]:
+    """("synthetic", what SYNTHETIC.json beside the files says) when it is there (written by
+    `shardflow synth`), else ("real", None)."""
     fs, base = _resolve(source)
     try:
         marker = json.loads(fs.cat_file(_join(base, "SYNTHETIC.json")))
     except (FileNotFoundError, OSError, ValueError):
-        return {"provenance": "real"}
-    return {"provenance": "synthetic", "synthetic": marker}
+        return "real", None
+    return "synthetic", marker

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_catalog import Catalog, FileEntry, Manifest, Staging
+from data_catalog.layout import SkyServerLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.shard_files import crash_point, partial_path, record_result, recorded_result
 from preprocessing.sources import task_progress
@@ -320,12 +321,12 @@ def typed_columns(
 
 
 def _arrow_table(
-    columns: Mapping[str, npt.NDArray[Any] | list[str]], schema: Mapping[str, str] = SCHEMA
+    columns: Mapping[str, npt.NDArray[Any] | list[str]], kinds: Mapping[str, str] = SCHEMA
 ) -> Any:
     arrays = []
     fields = []
     for name, values in columns.items():
-        kind = schema[name]
+        kind = kinds[name]
         if kind == UINT64:
             arrays.append(pa.array(values, type=pa.uint64()))
             fields.append(pa.field(name, pa.uint64(), nullable=False))
@@ -931,8 +932,12 @@ class SkyServerJob:
                 "page_size": self.page_size,
                 "bounds": {k: list(v) for k, v in self.query.bounds},
             },
-            schema={"format": "parquet", "columns": dict(SCHEMA)},
-            statistics={"rows": fetched, "pages": len(described), "count_reported": reported},
+            **SkyServerLayout(
+                columns=dict(SCHEMA),
+                rows=fetched,
+                num_pages=len(described),
+                count_reported=reported,
+            ).to_manifest(),
             rows=fetched,
             described=described,
         )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from data_catalog.errors import ConfigError
+from data_catalog.layout import SplitLayout
 from preprocessing.plan import PlanConfig, plan_evaluation_split, plan_training_split
-from training.input import SplitLayout
+from training.input import plan_steps, rows_of_rank
 
 
 @pytest.mark.parametrize("rows", [60_000, 2_000, 4_000, 5_003, 60_001, 64])
@@ -23,9 +24,9 @@ def test_training_split_has_equal_groups_for_every_rank_count(rows: int) -> None
         assert shard.start == offset
         assert shard.rows % plan.rows_per_group == 0
         offset += shard.rows
-    layout = SplitLayout(rows_per_group=plan.rows_per_group, num_row_groups=plan.num_row_groups)
+    layout = plan.layout()
     for num_ranks in (1, 2, 4, 8, 16, 32, 64):
-        counts = {layout.rows_of_rank(r, num_ranks) for r in range(num_ranks)}
+        counts = {rows_of_rank(layout, r, num_ranks) for r in range(num_ranks)}
         assert counts == {plan.rows // num_ranks}
 
 
@@ -77,13 +78,22 @@ def test_pad_fills_equal_groups_and_keeps_every_row(rows: int) -> None:
     assert plan.dropped_rows == 0
     assert plan.rows == rows + plan.padded_rows
     assert plan.padded_rows < plan.num_row_groups  # less than one row per group
-    assert plan.statistics()["policy"] == "pad"
+    assert plan.layout().policy == "pad"
     assert sum(s.rows for s in plan.shards) == plan.rows
 
 
 def test_uneven_groups_plan_equal_steps() -> None:
     # 7 row groups over 2 ranks: rank 0 has 4, rank 1 has 3; both take rank 1's step count.
-    layout = SplitLayout(rows_per_group=100, num_row_groups=7)
-    assert layout.steps_per_epoch(2, 32) == 300 // 32
+    layout = SplitLayout(
+        rows=700,
+        source_rows=700,
+        rows_per_group=100,
+        num_row_groups=7,
+        num_shards=1,
+        dropped_rows=0,
+        padded_rows=0,
+        policy="drop",
+    )
+    assert plan_steps(layout, 2, 32) == 300 // 32
     with pytest.raises(ValueError, match="cannot feed 8 ranks"):
-        layout.steps_per_epoch(8, 32)
+        plan_steps(layout, 8, 32)

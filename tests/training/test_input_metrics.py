@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from data_catalog import Catalog, Manifest
+from data_catalog.layout import ProcessedLayout
 from tests.training.test_sharding import processed  # noqa: F401 (a fixture, used by name)
-from training.input import InputSpec, SplitLayout, epoch_batches
+from training.input import InputSpec, epoch_batches, plan_steps
 from training.input_metrics import (
     EPOCHS_FILE,
     INPUT_DELAY_ENV,
@@ -275,12 +276,10 @@ def test_a_metered_epoch_counts_whole_row_groups_and_keeps_the_batch_order(
 ) -> None:
     catalog, manifest = processed
     url = (catalog.version_dir(manifest.name, manifest.version) / "train").as_uri()
-    spec = InputSpec.of(manifest.schema)
-    stats = manifest.statistics["train"]
-    layout = SplitLayout(
-        rows_per_group=stats["rows_per_group"], num_row_groups=stats["num_row_groups"]
-    )
-    steps = layout.steps_per_epoch(2, 32)
+    processed_layout = ProcessedLayout.of(manifest)
+    layout = processed_layout.train
+    spec = InputSpec.of(processed_layout)
+    steps = plan_steps(layout, 2, 32)
 
     def epoch(record: EpochInput | None, delay: float) -> list[int]:
         chunks = epoch_batches(

@@ -10,12 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_catalog import Catalog, Manifest
+from data_catalog.layout import ProcessedLayout
 from preprocessing.config import JobOptions
 from preprocessing.driver import run_locally
 from preprocessing.images import plan_job
 from preprocessing.plan import PlanConfig
 from preprocessing.sources import idx, mnist
-from training.input import InputSpec, SplitLayout, _reader, epoch_batches, epoch_seed
+from training.input import InputSpec, _reader, epoch_batches, epoch_seed, plan_steps
 from training.launcher import row_groups_by_epoch
 
 ROWS = 2_000
@@ -63,7 +64,7 @@ def test_every_sample_once_per_epoch_in_the_recorded_order(
 ) -> None:
     catalog, manifest = processed
     directory = catalog.version_dir(manifest.name, manifest.version)
-    spec = InputSpec.of(manifest.schema)
+    spec = InputSpec.of(ProcessedLayout.of(manifest))
     recorded = row_groups_by_epoch(manifest, num_ranks, SEED, epochs=2)
     orders = []
     for epoch in (0, 1):
@@ -96,12 +97,9 @@ def test_every_sample_once_per_epoch_in_the_recorded_order(
 def test_epoch_batches_are_exact_and_deterministic(processed: tuple[Catalog, Manifest]) -> None:
     catalog, manifest = processed
     directory = catalog.version_dir(manifest.name, manifest.version)
-    spec = InputSpec.of(manifest.schema)
-    stats = manifest.statistics["train"]
-    layout = SplitLayout(
-        rows_per_group=stats["rows_per_group"], num_row_groups=stats["num_row_groups"]
-    )
-    steps = layout.steps_per_epoch(3, 32)
+    layout = ProcessedLayout.of(manifest)
+    spec = InputSpec.of(layout)
+    steps = plan_steps(layout.train, 3, 32)
 
     def labels(epoch: int, rank: int) -> list[int]:
         chunks = epoch_batches(

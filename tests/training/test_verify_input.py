@@ -15,6 +15,7 @@ import pytest
 
 from data_catalog import Catalog, Manifest
 from data_catalog.errors import ShardflowError
+from data_catalog.layout import ProcessedLayout
 from data_catalog.manifest import MANIFEST_NAME, ManifestEdited, content_sha256
 from preprocessing import datasets
 from preprocessing.config import JobOptions
@@ -99,6 +100,11 @@ def set_rows_per_group(data: dict[str, Any]) -> None:
     data["statistics"]["train"]["rows_per_group"] += 1
 
 
+def rename_rows_per_group(data: dict[str, Any]) -> None:
+    train = data["statistics"]["train"]
+    train["group_rows"] = train.pop("rows_per_group")
+
+
 def set_normalization_mean(data: dict[str, Any]) -> None:
     data["statistics"]["normalization"]["mean"][0] += 0.01
 
@@ -139,6 +145,7 @@ def test_a_flipped_byte_in_a_train_shard_launches_nothing(
     [
         (set_train_file_rows, "manifest field files[train/part-00000.parquet].rows is 1855"),
         (set_rows_per_group, "statistics.train.rows_per_group is 30"),
+        (rename_rows_per_group, "(processed layout 1): statistics.train.rows_per_group is missing"),
     ],
 )
 def test_a_resealed_manifest_field_that_disagrees_with_the_files_launches_nothing(
@@ -224,7 +231,7 @@ def fit_one_rank(
     from training.input import InputSpec, load_split
 
     manifest = catalog.get(PROCESSED)
-    spec = InputSpec.of(manifest.schema)
+    spec = InputSpec.of(ProcessedLayout.of(manifest))
     x, y = load_split(str(catalog.version_dir(manifest.name, manifest.version) / "train"), spec)
     tf.keras.utils.set_random_seed(0)
     model = models.build("cnn", input_shape=spec.input_shape, num_classes=10)
