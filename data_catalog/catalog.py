@@ -880,6 +880,9 @@ class Staging:
 
         ``described``: entries of staged files that their writers hashed and counted as they
         wrote them (tasks on other machines); those are not read again.
+
+        ``code_version``: the fingerprint of the code that made the files
+        (:func:`~data_catalog.identity.source_fingerprint`); by default the checkout's commit.
         """
         if self._lock_fd is None:
             raise RuntimeError(f"{self!r} was already committed or discarded")
@@ -888,7 +891,10 @@ class Staging:
         for parent in parents:
             validate_name(parent.name)
             validate_version(parent.version)
+        # The stages of shardflow pass their own code's fingerprint; the checkout is a note on
+        # the run that made the version, never part of it.
         code = code_version if code_version is not None else identity.code_version()
+        self._run.setdefault("checkout", identity.code_version())
         # Stored through JSON so that the returned manifest equals the one read back later.
         plain_parameters = _plain(parameters, "parameters")
         plain_sources = tuple(_plain(s, "sources") for s in sources)

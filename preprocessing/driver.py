@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from data_catalog import Catalog, Manifest, Staging
 from data_catalog.errors import ShardflowError
 from preprocessing.config import ClusterConfig
+from preprocessing.fingerprint import code_of, stage_codes
 
 Progress = Callable[[str], None]
 Result = dict[str, Any]
@@ -172,25 +173,24 @@ def _process_usage() -> dict[str, float]:
 
 
 class CodeVersionError(ShardflowError):
-    """A Dask worker runs other code than the command that gives it tasks."""
+    """A Dask worker runs other code for a stage than the command that gives it tasks."""
 
-    def __init__(self, worker: str, theirs: str, mine: str) -> None:
+    def __init__(self, worker: str, module: str, theirs: str, mine: str) -> None:
         super().__init__(
-            f"Dask worker {worker} runs shardflow {theirs}, this command runs {mine}: install "
-            "the same code on every worker (and restart them), so that every file is written "
-            "by the code the version names"
+            f"Dask worker {worker} runs other code for {module} ({theirs}) than this command "
+            f"({mine}): install the same code on every worker (and restart them), so that "
+            "every file is written by the code the version names"
         )
 
 
 def run_checked(expected: str, fn: Callable[..., Result], *args: Any) -> Result:
-    """``fn(*args)`` on a worker whose code version is ``expected``; else refused."""
-    from data_catalog import identity
-
-    theirs = identity.code_version()
+    """``fn(*args)`` on a worker whose code of ``fn``'s stage
+    (:func:`preprocessing.fingerprint.code_of`) is ``expected``; else refused."""
+    theirs = code_of(fn)
     if theirs != expected:
         import socket
 
-        raise CodeVersionError(socket.gethostname(), theirs, expected)
+        raise CodeVersionError(socket.gethostname(), fn.__module__, theirs, expected)
     return fn(*args)
 
 
@@ -223,15 +223,15 @@ class Runner:
             "cpu_seconds": sum(float(u["cpu_seconds"]) for u in per_worker.values()),
         }
 
-    def _check_code_version(self) -> str:
-        """This command's code version, after refusing any worker that runs other code."""
-        from data_catalog import identity
-
-        mine = identity.code_version()
-        theirs = self.client.run(identity.code_version)
-        for worker, version in sorted(theirs.items()):
-            if version != mine:
-                raise CodeVersionError(worker, version, mine)
+    def _check_code(self, tasks: Sequence[TaskSpec]) -> dict[str, str]:
+        """The code of each stage ``tasks`` belong to, by module, after refusing any worker
+        that runs other code for one of them."""
+        modules = sorted({spec.fn.__module__ for spec in tasks})
+        mine = stage_codes(modules)
+        for worker, theirs in sorted(self.client.run(stage_codes, modules).items()):
+            for module in modules:
+                if theirs[module] != mine[module]:
+                    raise CodeVersionError(worker, module, theirs[module], mine[module])
         return mine
 
     # Workers join and leave seldom; asking the scheduler is a round trip.
@@ -258,7 +258,7 @@ class Runner:
         """
         from distributed import as_completed
 
-        expected = self._check_code_version()
+        expected = self._check_code(tasks)
         results: list[Result | None] = [None] * len(tasks)
         # Largest first (by planned bytes, then rows): the last tasks to start are the
         # shortest, so that the workers finish together instead of one waiting on a big tail.
@@ -276,7 +276,8 @@ class Runner:
                 return False
             index, spec = following
             # Each task checks its worker's code version first (a worker may join later).
-            checked = replace(spec, fn=functools.partial(run_checked, expected, spec.fn))
+            code = expected[spec.fn.__module__]
+            checked = replace(spec, fn=functools.partial(run_checked, code, spec.fn))
             future = self._submit(self.client, checked, f"{spec.key}-{run_key}")
             index_of[future.key] = index
             in_flight.add(future)

@@ -35,6 +35,7 @@ from data_catalog.errors import ConfigError, ShardflowError
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
+from preprocessing.fingerprint import stage_code
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -433,6 +434,7 @@ class ImageJob:
         }
         statistics["rows_in"] = int(raw.rows)
         return stage.commit(
+            code_version=stage_code(__name__),
             parents=self.parents,
             parameters=self.parameters,
             schema=schema,
@@ -543,7 +545,11 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
         raw=raw,
         name=name,
         version=derived_version(
-            name=name, kind="processed", parents=parents, parameters=parameters
+            name=name,
+            kind="processed",
+            parents=parents,
+            parameters=parameters,
+            code=stage_code(__name__),
         ),
         parents=parents,
         parameters=parameters,

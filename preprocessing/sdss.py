@@ -40,6 +40,7 @@ from data_catalog.errors import ConfigError, ShardflowError
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
+from preprocessing.fingerprint import stage_code
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -620,6 +621,7 @@ class SdssJob:
         statistics["rows_in"] = sum(int(s["rows_in"]) for s in scans)
         statistics["class_names"] = list(schemas.SDSS_CLASSES)
         return stage.commit(
+            code_version=stage_code(__name__),
             parents=self.parents,
             parameters=self.parameters,
             schema={
@@ -688,7 +690,11 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
         raw=raw,
         name=name,
         version=derived_version(
-            name=name, kind="processed", parents=parents, parameters=parameters
+            name=name,
+            kind="processed",
+            parents=parents,
+            parameters=parameters,
+            code=stage_code(__name__),
         ),
         parents=parents,
         parameters=parameters,

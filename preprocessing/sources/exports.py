@@ -41,6 +41,7 @@ import pyarrow.parquet as pq
 
 from data_catalog import Catalog, FileEntry, Manifest, Staging
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
+from preprocessing.fingerprint import stage_code
 from preprocessing.shard_files import HashingSink, crash_point, record_result, recorded_result
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import sha256_file
@@ -656,9 +657,7 @@ class ExportsJob:
 
     @property
     def work_key(self) -> str:
-        from data_catalog import code_version
-
-        identity = [code_version(), WRITER_VERSION, sorted(item.url for item in self.inputs)]
+        identity = [stage_code(__name__), WRITER_VERSION, sorted(item.url for item in self.inputs)]
         return f"{self.name}-exports-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
 
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
@@ -704,6 +703,7 @@ class ExportsJob:
         total = sum(int(r["rows"]) for r in done["convert"])
         synthetic = sum(int(r["synthetic_rows"]) for r in done["convert"])
         manifest: Manifest = stage.commit(
+            code_version=stage_code(__name__),
             sources=sources,
             parameters={"format": "casjobs-export"},
             schema={"format": "parquet", "columns": dict(SCHEMA), "optional": dict(OPTIONAL)},
