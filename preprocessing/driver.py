@@ -92,6 +92,10 @@ class Job(Protocol):
         """Put the files of ``work`` into ``stage`` and commit it."""
         ...
 
+    # Optional: ``kept(pass_name, done) -> Sequence[Result]``, the results of a pass that an
+    # earlier version already holds (an incremental job's unchanged inputs); they are counted
+    # as reused, and its ``tasks`` are then the rest.
+
 
 @dataclass(frozen=True, kw_only=True)
 class PassProgress:
@@ -144,7 +148,7 @@ class PassProgress:
             if self.seconds > 0:
                 parts.append(f"{self.bytes_done / self.seconds / 1e6:.1f} MB/s")
         if self.reused:
-            parts.append(f"{self.reused} kept from an interrupted run")
+            parts.append(f"{self.reused} reused (done by an earlier version or run)")
         eta = self.eta_seconds
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
@@ -330,17 +334,29 @@ def job_dir(work_root: Path, job: Job) -> Path:
 
 
 class _PassTally:
-    """Counts one pass's finished tasks and reports a :class:`PassProgress` after each."""
+    """Counts one pass's finished tasks and reports a :class:`PassProgress` after each; the
+    results ``kept`` from earlier versions count as reused tasks, done before the first."""
 
     def __init__(
-        self, job: Job, pass_name: str, tasks: Sequence[TaskSpec], on_progress: OnProgress
+        self,
+        job: Job,
+        pass_name: str,
+        tasks: Sequence[TaskSpec],
+        on_progress: OnProgress,
+        kept: Sequence[Result] = (),
     ) -> None:
         self.job = job.work_key
         self.pass_name = pass_name
         self.tasks = tasks
         self.on_progress = on_progress
         self.started = time.monotonic()
-        self.done = self.rows = self.bytes = self.reused = 0
+        self.done = self.reused = len(kept)
+        self.rows = sum(int(r.get("rows", 0)) for r in kept)
+        self.bytes = 0
+        self.total = len(tasks) + len(kept)
+        self.rows_total = sum(t.rows for t in tasks) + self.rows
+        if kept:
+            self._report("", kept[-1])
 
     def __call__(self, index: int, result: Result) -> None:
         spec = self.tasks[index]
@@ -349,19 +365,22 @@ class _PassTally:
         self.rows += int(result.get("rows", spec.rows))
         self.bytes += spec.bytes
         self.reused += bool(result.get("reused"))
+        self._report(spec.key, result)
+
+    def _report(self, task_key: str, result: Result) -> None:
         self.on_progress(
             PassProgress(
                 job=self.job,
                 pass_name=self.pass_name,
                 tasks_done=self.done,
-                tasks_total=len(self.tasks),
+                tasks_total=self.total,
                 rows_done=self.rows,
-                rows_total=sum(t.rows for t in self.tasks),
+                rows_total=self.rows_total,
                 bytes_done=self.bytes,
                 bytes_total=sum(t.bytes for t in self.tasks),
                 seconds=time.monotonic() - self.started,
                 reused=self.reused,
-                task_key=spec.key,
+                task_key=task_key,
                 result=result,
             )
         )
@@ -374,15 +393,20 @@ def run_passes(
     *,
     on_progress: OnProgress = lambda _p: None,
 ) -> dict[str, list[Result]]:
-    """Every pass of ``job``, each planned from the results of those before it."""
+    """Every pass of ``job``, each planned from the results of those before it; a pass's
+    results are those an earlier version of the job's output already holds (the job's optional
+    ``kept(pass_name, done)``: nothing to run for them) and then its tasks'."""
     work.mkdir(parents=True, exist_ok=True)
     done: dict[str, list[Result]] = {}
     # Task keys unique to this run: two drivers sharing a scheduler never share a task.
     run_key = f"{job.work_key}-{uuid.uuid4().hex[:8]}"
+    kept_of: Callable[[str, Results], Sequence[Result]] | None = getattr(job, "kept", None)
     for pass_name in job.passes:
+        kept = list(kept_of(pass_name, done)) if kept_of is not None else []
         tasks = job.tasks(pass_name, done, work)
-        tally = _PassTally(job, pass_name, tasks, on_progress)
-        done[pass_name] = runner.run(tasks, run_key=f"{pass_name}-{run_key}", on_done=tally)
+        tally = _PassTally(job, pass_name, tasks, on_progress, kept)
+        ran = runner.run(tasks, run_key=f"{pass_name}-{run_key}", on_done=tally)
+        done[pass_name] = [*kept, *ran]
     return done
 
 
