@@ -2,45 +2,46 @@
 
 Layout under the root::
 
+    objects/<aa>/<sha256>                      every file of every version, stored once
+    objects/.lock                              flock: writers link objects (shared), gc (exclusive)
     datasets/<name>/.lock                      flock held while a version of <name> is published
     datasets/<name>/<version>/manifest.json    present = the version is committed
-    datasets/<name>/<version>/<files...>
+    datasets/<name>/<version>/<files...>       local roots: hard links to the objects
     staging/<id>/                              a writer's files before commit
     staging/<id>.lock                          flock held by the live writer of staging/<id>
     index.sqlite                               SQL cache of the manifests (default index URL)
 
 A version becomes visible in one step, when ``manifest.json`` appears; everything before that
-(staged files, a moved directory without manifest) is invisible and removed by :meth:`Catalog.gc`.
+(staged files, a moved directory without manifest, objects no version holds) is invisible and
+removed by :meth:`Catalog.gc`. Two versions that hold the same bytes share one object: a new
+version that keeps most of its parent's files stores only the new ones
+(:meth:`Staging.reuse` puts a committed file into a staging without copying it).
 
 A root given as a URL (``s3://bucket/prefix``, ``gs://...``, ``memory://...``) keeps the same
-``datasets/`` layout on that filesystem through fsspec, and ``staging/`` and ``index.sqlite`` in a
-local cache directory; see :mod:`data_catalog.object_store` and README.md, "Object storage".
+``objects/`` and ``datasets/`` layout on that filesystem through fsspec (a version there is its
+manifest; its files are read at their objects), and ``staging/`` and ``index.sqlite`` in a local
+cache directory; see :mod:`data_catalog.storage` and README.md, "Object storage".
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType, TracebackType
 from typing import Any
 
 from data_catalog import identity
-from data_catalog.durability import (
-    exclusive_lock,
-    failpoint,
-    fsync_dir,
-    make_dirs,
-    try_lock,
-    write_atomically,
-)
+from data_catalog.durability import exclusive_lock, failpoint, fsync_dir, make_dirs, try_lock
 from data_catalog.errors import CatalogError, NotFound
 from data_catalog.index import Index, IndexUnusable
 from data_catalog.manifest import (
@@ -60,12 +61,15 @@ from data_catalog.names import (
     validate_version,
     validate_version_prefix,
 )
-from data_catalog.object_store import ObjectStore, default_cache_dir, is_url, local_path_of
-from data_catalog.staged_files import describe_and_sync, digest, relative_files
+from data_catalog.object_store import default_cache_dir, is_url, local_path_of
+from data_catalog.staged_files import describe_and_sync
+from data_catalog.storage import LocalStorage, ObjectStorage, object_key
 
 log = logging.getLogger(__name__)
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+# What Catalog.stage names a staging folder: "<dataset name>-<16 hex digits>".
+_STAGING_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}-[0-9a-f]{16}")
 # A URL catalog's gc leaves a version prefix without manifest alone until its newest object is
 # this old: a live writer may still be uploading into it (there is no lock to ask).
 DEFAULT_GC_MIN_AGE = timedelta(hours=1)
@@ -122,12 +126,11 @@ class Catalog:
         local_root: str | os.PathLike[str] | None = root
         if is_url(root):
             local_root = local_path_of(str(root))
-        self._store: ObjectStore | None = None
+        self._store: ObjectStorage | None = None
         self._root: Path | None = None
         if local_root is None:
-            self._store = ObjectStore(str(root), storage_options or {})
-            self.url: str = self._store.url
-            """The root: a URL, or for a local catalog its absolute path."""
+            self._store = ObjectStorage(str(root), storage_options or {})
+            self._storage: LocalStorage | ObjectStorage = self._store
             self._local = (
                 Path(cache_dir).absolute()
                 if cache_dir is not None
@@ -141,7 +144,9 @@ class Catalog:
                 )
             self._root = Path(local_root).absolute()
             self._local = self._root
-            self.url = str(self._root)
+            self._storage = LocalStorage(self._root)
+        self.url: str = self._storage.url
+        """The root: a URL, or for a local catalog its absolute path."""
         self._index = Index(index_url or f"sqlite:///{self._local / 'index.sqlite'}")
 
     def __repr__(self) -> str:
@@ -160,10 +165,6 @@ class Catalog:
         return self._store is None
 
     @property
-    def _datasets(self) -> Path:
-        return self.root / "datasets"
-
-    @property
     def _staging(self) -> Path:
         return self._local / "staging"
 
@@ -176,7 +177,7 @@ class Catalog:
                 f"{name}@{version} of catalog {self.url} is not on a local filesystem; "
                 "use version_url"
             )
-        return self._datasets / validate_name(name) / validate_version(version)
+        return self.root / "datasets" / validate_name(name) / validate_version(version)
 
     def version_url(self, name: str, version: str) -> str:
         """The version's directory as a URL (for a local catalog, its absolute path)."""
@@ -198,11 +199,9 @@ class Catalog:
         return self.version_dir(manifest.name, manifest.version).joinpath(*parts)
 
     def file_url(self, manifest: Manifest, entry: FileEntry) -> str:
-        """Full URL of ``entry`` (for a local catalog, its absolute path), for fsspec or pyarrow."""
-        if self._store is None:
-            return str(self.file_path(manifest, entry))
-        relpath = "/".join(_entry_parts(manifest, entry))
-        return self._store.url_of(f"{_version_key(manifest.name, manifest.version)}/{relpath}")
+        """Full URL of ``entry``'s bytes (for a local catalog, the absolute path of the file in
+        the version's folder), for fsspec or pyarrow."""
+        return self._storage.url_of(_bytes_key(self, manifest, entry))
 
     def _manifest_location(self, name: str, version: str) -> str:
         return f"{self.version_url(name, version)}/{MANIFEST_NAME}"
@@ -211,9 +210,7 @@ class Catalog:
 
     def exists(self, name: str, version: str) -> bool:
         """Whether ``name@version`` is committed."""
-        if self._store is not None:
-            return self._store.exists(f"{_version_key(name, version)}/{MANIFEST_NAME}")
-        return (self.version_dir(name, version) / MANIFEST_NAME).is_file()
+        return self._storage.exists(f"{_version_key(name, version)}/{MANIFEST_NAME}")
 
     def names(self) -> list[str]:
         """Names with at least one committed version, sorted.
@@ -284,12 +281,9 @@ class Catalog:
         """
         if kind is not None:
             validate_kind(kind)
-        if self._store is not None:
-            if not self._store.exists("datasets"):
-                return []
-            make_dirs(self._local)
-        elif not self._datasets.is_dir():
+        if not self._storage.exists("datasets"):
             return []
+        make_dirs(self._local)
         on_disk = set(self._committed())
         if self._index.ensure_tables() or self._index.entries() != on_disk:
             log.info("catalog index at %s is stale; rebuilding it", self._index.url)
@@ -355,10 +349,7 @@ class Catalog:
         manifest, problems, notes = _parse_for_verify(text, location, name, version)
         if manifest is None:
             return problems, notes
-        if self._store is not None:
-            damaged = self._verify_remote_files(self._store, manifest, location)
-        else:
-            damaged = self._verify_local_files(manifest, location)
+        damaged = self._verify_files(manifest, location)
         if damaged:
             # The data-level checks would recompute statistics from damaged bytes and blame
             # the manifest for them.
@@ -367,66 +358,31 @@ class Catalog:
             problems += check(self, manifest)
         return problems, notes
 
-    def _verify_local_files(self, manifest: Manifest, location: str) -> list[Problem]:
-        directory = self.version_dir(manifest.name, manifest.version)
-        problems = []
-        listed = set()
-        for entry in manifest.files:
-            try:
-                path = self.file_path(manifest, entry)
-            except CatalogError as exc:
-                problems.append(Problem(path=location, reason=str(exc)))
-                continue
-            listed.add(path)
-            problem = _check_file(path, entry)
-            if problem is None and entry.path.endswith(".parquet"):
-                problem = _check_footer(str(path), entry, functools.partial(_parquet_counts, path))
-            if problem is not None:
-                problems.append(problem)
-        for relpath in relative_files(directory):
-            path = directory / relpath
-            if relpath != MANIFEST_NAME and path not in listed:
-                problems.append(Problem(path=str(path), reason="not in manifest"))
-        return problems
-
-    def _verify_remote_files(
-        self, store: ObjectStore, manifest: Manifest, location: str
-    ) -> list[Problem]:
+    def _verify_files(self, manifest: Manifest, location: str) -> list[Problem]:
+        """Every file's size, sha256 and (Parquet) footer counts where its bytes are, and no
+        file in the version's folder that the manifest does not list."""
+        storage = self._storage
         key = _version_key(manifest.name, manifest.version)
-        sizes = store.files_under(key)  # one listing instead of a HEAD per file
+        in_folder = storage.files_under(key)  # one listing instead of a look per file
         problems = []
         listed = {MANIFEST_NAME}
         for entry in manifest.files:
             try:
-                relpath = "/".join(_entry_parts(manifest, entry))
+                where = _bytes_key(self, manifest, entry)
             except CatalogError as exc:
                 problems.append(Problem(path=location, reason=str(exc)))
                 continue
-            listed.add(relpath)
-            url = store.url_of(f"{key}/{relpath}")
-            if relpath not in sizes:
-                problems.append(Problem(path=url, reason="missing"))
-                continue
-            if sizes[relpath] != entry.bytes:
-                problem = f"size {sizes[relpath]} != manifest {entry.bytes}"
-                problems.append(Problem(path=url, reason=problem))
-                continue
-            try:
-                _, sha = store.digest(f"{key}/{relpath}")
-            except OSError as exc:
-                problems.append(Problem(path=url, reason=f"unreadable: {exc}"))
-                continue
-            if sha != entry.sha256:
-                problems.append(Problem(path=url, reason="sha256 mismatch"))
-                continue
-            if relpath.endswith(".parquet"):
-                counts = functools.partial(store.parquet_counts, f"{key}/{relpath}")
-                found = _check_footer(url, entry, counts)
-                if found is not None:
-                    problems.append(found)
-        for relpath in sorted(set(sizes) - listed):
+            if where.startswith(f"{key}/"):
+                listed.add(where[len(key) + 1 :])
+                size = in_folder.get(where[len(key) + 1 :])
+            else:
+                size = storage.size(where)
+            problem = _check_bytes(storage, where, entry, size)
+            if problem is not None:
+                problems.append(problem)
+        for relpath in sorted(set(in_folder) - listed):
             problems.append(
-                Problem(path=store.url_of(f"{key}/{relpath}"), reason="not in manifest")
+                Problem(path=storage.url_of(f"{key}/{relpath}"), reason="not in manifest")
             )
         return problems
 
@@ -448,74 +404,119 @@ class Catalog:
         return Staging(catalog=self, name=name, kind=kind, path=path, lock_fd=lock_fd)
 
     def _publish(self, staging: Staging, manifest: Manifest) -> Manifest:
-        """Steps 2-4 of a commit: move the staged files in place, then the manifest, then index.
+        """Steps 2-4 of a commit: the staged files into objects (and, on a local root, into the
+        version's folder), then the manifest, then the index.
 
-        The manifest written (locally or by :meth:`_publish_remote`) records the digest of its
-        own content, which every later read checks.
+        The manifest written records the digest of its own content, which every later read
+        checks. A local root holds the dataset's lock from the move to the manifest; a URL
+        root needs none: two writers of one version store the same objects, and the manifest
+        is created once (conditional PUT).
         """
         manifest = manifest.sealed()
-        if self._store is not None:
-            return self._publish_remote(self._store, staging, manifest)
-        dataset_dir = self._datasets / manifest.name
-        make_dirs(dataset_dir)
-        directory = dataset_dir / manifest.version
-        with exclusive_lock(dataset_dir / ".lock"):
-            if (directory / MANIFEST_NAME).is_file():
+        key = _version_key(manifest.name, manifest.version)
+        with self._publishing(manifest.name):
+            if self.exists(manifest.name, manifest.version):
                 # Another writer finished the same version while we staged: keep theirs.
                 staging.discard()
                 return self.get(manifest.name, manifest.version)
-            if directory.exists():
-                shutil.rmtree(directory)  # a crashed commit's leftover, never visible
-            os.rename(staging.path, directory)
-            staging._release()
-            fsync_dir(dataset_dir)
-            fsync_dir(self._staging)
+            if self._store is not None:
+                self._upload_objects(self._store, staging, manifest)
+            else:
+                self._move_into_objects(staging, manifest)
             try:
-                failpoint("moved")
-                write_atomically(
-                    directory / MANIFEST_NAME, manifest.to_json(), failpoint_name="manifest_tmp"
+                created = self._storage.create(
+                    f"{key}/{MANIFEST_NAME}", manifest.to_json().encode("utf-8")
                 )
             except BaseException:
-                # No manifest, no version: remove the files so nothing half-made is left behind.
-                shutil.rmtree(directory, ignore_errors=True)
+                if self._store is None:
+                    # No manifest, no version: nothing half-made is left behind.
+                    shutil.rmtree(self.version_dir(manifest.name, manifest.version), True)
                 raise
-        self._record(manifest)
-        return manifest
-
-    def _publish_remote(self, store: ObjectStore, staging: Staging, manifest: Manifest) -> Manifest:
-        """Upload every staged file under the version's prefix, then PUT the manifest, then index.
-
-        No lock: two writers of one version upload the same identity to the same keys, and the
-        manifest PUT (conditional on its absence where the store supports it) publishes once.
-        """
-        key = _version_key(manifest.name, manifest.version)
-        if store.exists(f"{key}/{MANIFEST_NAME}"):
-            staging.discard()
-            return self.get(manifest.name, manifest.version)
-        for i, entry in enumerate(manifest.files):
-            store.upload(staging.path / entry.path, f"{key}/{entry.path}")
-            if i == 0:
-                failpoint("after_first_file")
-        uploaded = store.files_under(key)
-        for entry in manifest.files:
-            if uploaded.get(entry.path) != entry.bytes:
-                # Left for gc_urls (or overwritten by a rerun); nothing is published.
-                raise CatalogError(
-                    f"uploaded {store.url_of(f'{key}/{entry.path}')} has "
-                    f"{uploaded.get(entry.path, 'no')} bytes, staged {entry.bytes}; "
-                    f"{manifest.ref} was not committed, commit it again"
-                )
-        # Everything is uploaded; only the manifest PUT remains (there is no rename step).
-        failpoint("staged")
-        failpoint("moved")
-        failpoint("manifest_tmp")
-        created = store.create(f"{key}/{MANIFEST_NAME}", manifest.to_json().encode("utf-8"))
-        staging.discard()
         if not created:
-            # Another writer published the same version between our check and our PUT.
+            staging.discard()  # another writer published the same version first
             return self.get(manifest.name, manifest.version)
+        if self._store is not None:
+            self._upload_objects(self._store, staging, manifest, only_missing=True)
+        staging.discard()
         self._record(manifest)
         return manifest
+
+    @contextlib.contextmanager
+    def _publishing(self, name: str) -> Iterator[None]:
+        """A local root's lock on the dataset while a version of it is published."""
+        if self._store is not None:
+            yield
+            return
+        dataset_dir = self.root / "datasets" / name
+        make_dirs(dataset_dir)
+        with exclusive_lock(dataset_dir / ".lock"):
+            yield
+
+    def _move_into_objects(self, staging: Staging, manifest: Manifest) -> None:
+        """The staging folder becomes the version's folder (one rename), each of its files a
+        link to its object (:meth:`LocalStorage.store_objects`)."""
+        assert isinstance(self._storage, LocalStorage)
+        dataset_dir = self.root / "datasets" / manifest.name
+        directory = dataset_dir / manifest.version
+        if directory.exists():
+            shutil.rmtree(directory)  # a crashed commit's leftover, never visible
+        os.rename(staging.path, directory)
+        staging._release()
+        fsync_dir(dataset_dir)
+        fsync_dir(self._staging)
+        try:
+            failpoint("moved")
+            self._storage.store_objects(directory, {f.path: f.sha256 for f in manifest.files})
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def _upload_objects(
+        self,
+        store: ObjectStorage,
+        staging: Staging,
+        manifest: Manifest,
+        *,
+        only_missing: bool = False,
+    ) -> None:
+        """Every file of ``manifest`` whose object is not in the store, uploaded from the
+        staging (a reused file from its parent's bytes); then every object's size checked.
+
+        Run again after the manifest (``only_missing``): a ``gc`` that listed the manifests
+        before this one appeared may have removed an old object this version reuses."""
+        uploads = 0
+        for entry in manifest.files:
+            target = object_key(entry.sha256)
+            if store.size(target) == entry.bytes:
+                continue
+            staged = staging.path / entry.path
+            if staged.is_file():
+                store.upload(staged, target)
+            elif entry.path in staging.reused_from:
+                store.copy(staging.reused_from[entry.path], target)
+            else:
+                raise CatalogError(
+                    f"object {store.url_of(target)} of {entry.path} is missing and was not "
+                    f"staged; {manifest.ref} was not committed, commit it again"
+                )
+            uploads += 1
+            if uploads == 1 and not only_missing:
+                failpoint("after_first_file")
+        for entry in manifest.files:
+            target = object_key(entry.sha256)
+            size = store.size(target)
+            if size != entry.bytes:
+                # Left for gc (or overwritten by a rerun); nothing is published.
+                raise CatalogError(
+                    f"uploaded {store.url_of(target)} has {size if size is not None else 'no'} "
+                    f"bytes, staged {entry.bytes}; {manifest.ref} was not committed, commit it "
+                    "again"
+                )
+        if not only_missing:
+            # Everything is uploaded; only the manifest PUT remains (there is no rename step).
+            failpoint("staged")
+            failpoint("moved")
+            failpoint("manifest_tmp")
 
     def _record(self, manifest: Manifest) -> None:
         manifest_path = self._manifest_location(manifest.name, manifest.version)
@@ -559,20 +560,36 @@ class Catalog:
 
         return self._index.rebuild(manifests)
 
-    def gc(self) -> list[Path]:
-        """Remove staging left by dead writers and version directories without a manifest.
+    def gc(self, *, min_age: timedelta = DEFAULT_GC_MIN_AGE) -> list[str]:
+        """Remove what no committed version holds; returns the paths (or URLs) removed:
 
-        Local catalogs only (a :class:`CatalogError` for a URL catalog): use :meth:`gc_urls`.
+        - staging left by dead writers (its lock is free), at once, on any root;
+        - on a local root, version folders without a manifest and objects no version folder
+          links to, under the locks that writers hold, so it is safe beside them;
+        - on a URL root, version prefixes without a manifest and objects no manifest names,
+          once their newest object is older than ``min_age``: there is no lock to tell a live
+          uploader from a dead one, so ``min_age`` must exceed the longest upload of a commit;
+          ``timedelta(0)`` removes them all (only when no writer runs).
+
+        It never follows a symlink, never leaves the root, and removes only names it writes
+        (staging ids, version ids, objects).
         """
+        removed: list[str] = []
+        if self._staging.is_dir() and not self._staging.is_symlink():
+            removed += [str(p) for p in self._gc_staging()]
         if self._store is not None:
-            raise CatalogError(f"catalog {self.url} is not on a local filesystem; use gc_urls")
-        removed: list[Path] = []
-        if self._staging.is_dir():
-            removed += self._gc_staging()
-        if self._datasets.is_dir():
-            for dataset_dir in sorted(self._datasets.iterdir()):
-                if dataset_dir.is_dir():
-                    removed += self._gc_dataset(dataset_dir)
+            return removed + self._gc_store(self._store, min_age)
+        storage = self._storage
+        assert isinstance(storage, LocalStorage)
+        for name in storage.subdirectories("datasets"):
+            if NAME_PATTERN.fullmatch(name) is not None:
+                removed += [str(p) for p in self._gc_dataset(self.root / "datasets" / name)]
+        if storage.exists("objects"):
+            # Exclusive: no writer is between deciding to use an object and linking it.
+            with storage.objects_lock(exclusive=True):
+                for path in storage.unreferenced_objects():
+                    path.unlink()
+                    removed.append(str(path))
         return removed
 
     def _gc_staging(self) -> list[Path]:
@@ -580,7 +597,9 @@ class Catalog:
         # "<id>.work" is the work folder a job without a work root keeps beside its staging
         # "<id>" (preprocessing's driver): it lives and dies with that staging's lock.
         entries = {
-            p.name.removesuffix(".lock").removesuffix(".work") for p in self._staging.iterdir()
+            p.name.removesuffix(".lock").removesuffix(".work")
+            for p in self._staging.iterdir()
+            if _STAGING_ID.fullmatch(p.name.removesuffix(".lock").removesuffix(".work"))
         }
         for staging_id in sorted(entries):
             work = self._staging / f"{staging_id}.work"
@@ -591,10 +610,7 @@ class Catalog:
                 if lock_fd is None:
                     continue  # a live writer holds it (or it just vanished)
                 try:
-                    for path in (directory, work):
-                        if path.exists():
-                            shutil.rmtree(path)
-                            removed.append(path)
+                    removed += _remove_trees(directory, work)
                     lock_path.unlink()
                     removed.append(lock_path)
                 finally:
@@ -602,26 +618,23 @@ class Catalog:
                 continue
             # A writer creates and locks the lock file before the directory, and removes it
             # only after the directory is gone: a directory without one has no writer.
-            for path in (directory, work):
-                if path.exists():
-                    shutil.rmtree(path)
-                    removed.append(path)
+            removed += _remove_trees(directory, work)
         return removed
 
-    def gc_urls(self, *, min_age: timedelta = DEFAULT_GC_MIN_AGE) -> list[str]:
-        """:meth:`gc` for any root; returns the paths or URLs it removed.
-
-        For a URL catalog: the local staging of dead writers, and every version prefix without a
-        manifest whose newest object is older than ``min_age``. There is no lock to tell a live
-        uploader from a dead one, so ``min_age`` must exceed the longest upload of a commit;
-        ``timedelta(0)`` removes them all (only when no writer runs). A local catalog ignores
-        ``min_age``: its locks tell.
-        """
-        if self._store is None:
-            return [str(p) for p in self.gc()]
-        store = self._store
-        removed = [str(p) for p in self._gc_staging()] if self._staging.is_dir() else []
+    def _gc_store(self, store: ObjectStorage, min_age: timedelta) -> list[str]:
+        removed: list[str] = []
         now = datetime.now(UTC)
+
+        def old(changed: datetime | None) -> bool:
+            return min_age <= timedelta(0) or (changed is not None and now - changed >= min_age)
+
+        # Manifests first, objects second: an object uploaded after this listing is too young
+        # to remove, and a commit that reused an old one checks it again after its manifest.
+        referenced = {
+            entry.sha256
+            for name, version in self._committed()
+            for entry in self._read_manifest(name, version).files
+        }
         for name in store.subdirectories("datasets"):
             if NAME_PATTERN.fullmatch(name) is None:
                 continue  # not the catalog's: never remove what it did not write
@@ -629,13 +642,16 @@ class Catalog:
                 key = f"datasets/{name}/{version}"
                 if VERSION_PATTERN.fullmatch(version) is None:
                     continue
-                if store.exists(f"{key}/{MANIFEST_NAME}"):
-                    continue
-                if min_age > timedelta(0):
-                    changed = store.newest_change(key)
-                    if changed is None or now - changed < min_age:
-                        continue  # maybe a live writer's upload (or the store cannot tell)
+                if store.exists(f"{key}/{MANIFEST_NAME}") or not old(store.newest_change(key)):
+                    continue  # committed, or maybe a live writer's upload
                 store.remove_tree(key)
+                removed.append(store.url_of(key))
+        for key, info in store.objects().items():
+            sha = key.rsplit("/", 1)[-1]
+            if sha in referenced or key != _object_key_or_none(sha):
+                continue
+            if old(store.modified(key, info)):
+                store.remove(key)
                 removed.append(store.url_of(key))
         return removed
 
@@ -643,8 +659,13 @@ class Catalog:
         removed = []
         # The publisher holds this lock from the rename until the manifest is written.
         with exclusive_lock(dataset_dir / ".lock"):
-            for directory in sorted(dataset_dir.iterdir()):
-                if directory.is_dir() and not (directory / MANIFEST_NAME).is_file():
+            for entry in sorted(os.scandir(dataset_dir), key=lambda e: e.name):
+                if VERSION_PATTERN.fullmatch(entry.name) is None:
+                    continue  # not a version id: not the catalog's to remove
+                if not entry.is_dir(follow_symlinks=False):
+                    continue  # a symlink (or a file) the catalog did not write
+                directory = Path(entry.path)
+                if not (directory / MANIFEST_NAME).is_file():
                     shutil.rmtree(directory)
                     removed.append(directory)
         return removed
@@ -652,38 +673,20 @@ class Catalog:
     # --- internals --------------------------------------------------------------------------
 
     def _committed(self, name: str | None = None) -> Iterator[tuple[str, str]]:
-        """``(name, version)`` of every committed version (of ``name``), from the directories."""
-        if self._store is not None:
-            yield from self._committed_remote(self._store, name)
-            return
-        if name is not None:
-            dataset_dirs = [self._datasets / name]
-        elif self._datasets.is_dir():
-            dataset_dirs = sorted(self._datasets.iterdir())
-        else:
-            dataset_dirs = []
-        for dataset_dir in dataset_dirs:
-            if not dataset_dir.is_dir():
-                continue
-            for directory in sorted(dataset_dir.iterdir()):
-                if (directory / MANIFEST_NAME).is_file():
-                    yield dataset_dir.name, directory.name
-
-    def _committed_remote(self, store: ObjectStore, name: str | None) -> Iterator[tuple[str, str]]:
-        names = [name] if name is not None else store.subdirectories("datasets")
+        """``(name, version)`` of every committed version (of ``name``), from the folders."""
+        storage = self._storage
+        names = [name] if name is not None else storage.subdirectories("datasets")
         for dataset in names:
             if NAME_PATTERN.fullmatch(dataset) is None:
-                continue  # not the catalog's: a stray prefix
-            for version in store.subdirectories(f"datasets/{dataset}"):
+                continue  # not the catalog's: a stray folder
+            for version in storage.subdirectories(f"datasets/{dataset}"):
                 if VERSION_PATTERN.fullmatch(version) is None:
                     continue
-                if store.exists(f"datasets/{dataset}/{version}/{MANIFEST_NAME}"):
+                if storage.exists(f"datasets/{dataset}/{version}/{MANIFEST_NAME}"):
                     yield dataset, version
 
     def _manifest_text(self, name: str, version: str) -> str:
-        if self._store is not None:
-            return self._store.read_text(f"{_version_key(name, version)}/{MANIFEST_NAME}")
-        return (self.version_dir(name, version) / MANIFEST_NAME).read_text(encoding="utf-8")
+        return self._storage.read_text(f"{_version_key(name, version)}/{MANIFEST_NAME}")
 
     def _resolve(self, name: str, version: str) -> str:
         """The committed version id of ``name`` that ``version`` (an id or prefix) names."""
@@ -744,28 +747,52 @@ def _entry_parts(manifest: Manifest, entry: FileEntry) -> tuple[str, ...]:
     return relative.parts
 
 
-def _check_file(path: Path, entry: FileEntry) -> Problem | None:
+def _bytes_key(catalog: Catalog, manifest: Manifest, entry: FileEntry) -> str:
+    """Where ``entry``'s bytes are, relative to the root: in the version's folder on a local
+    root (a link to its object) and in manifests of format 1; else at its object."""
+    parts = _entry_parts(manifest, entry)
+    if catalog.is_local or manifest.format_version == 1:
+        return f"{_version_key(manifest.name, manifest.version)}/{'/'.join(parts)}"
+    return object_key(entry.sha256)
+
+
+def _object_key_or_none(sha: str) -> str | None:
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return Problem(path=str(path), reason="missing")
+        return object_key(sha)
+    except CatalogError:
+        return None  # not an object's name: never removed
+
+
+def _check_bytes(
+    storage: LocalStorage | ObjectStorage, where: str, entry: FileEntry, size: int | None
+) -> Problem | None:
+    """``entry`` against the bytes at ``where`` (their ``size`` already listed): size, sha256,
+    and for Parquet the footer's counts (read only when the bytes match)."""
+    location = storage.url_of(where)
+    if size is None:
+        return Problem(path=location, reason="missing")
     if size != entry.bytes:
-        return Problem(path=str(path), reason=f"size {size} != manifest {entry.bytes}")
+        return Problem(path=location, reason=f"size {size} != manifest {entry.bytes}")
     try:
-        _, sha = digest(path)
+        _, sha = storage.digest(where)
     except OSError as exc:
-        return Problem(path=str(path), reason=f"unreadable: {exc}")
+        return Problem(path=location, reason=f"unreadable: {exc}")
     if sha != entry.sha256:
-        return Problem(path=str(path), reason="sha256 mismatch")
+        return Problem(path=location, reason="sha256 mismatch")
+    if entry.path.endswith(".parquet"):
+        return _check_footer(location, entry, functools.partial(storage.parquet_counts, where))
     return None
 
 
-def _parquet_counts(path: Path) -> tuple[int, int]:
-    """(rows, row groups) from a local Parquet file's footer."""
-    import pyarrow.parquet as pq
-
-    metadata = pq.read_metadata(path)
-    return int(metadata.num_rows), int(metadata.num_row_groups)
+def _remove_trees(*paths: Path) -> list[Path]:
+    removed = []
+    for path in paths:
+        if path.is_symlink():
+            continue  # never followed, never the catalog's
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
 
 
 def _check_footer(
@@ -834,6 +861,10 @@ class Staging:
         # Held for the staging's whole life so `gc` in another process can tell it is live.
         self._lock_fd: int | None = lock_fd
         self._run: dict[str, Any] = {}
+        self._reused: dict[str, FileEntry] = {}
+        self.reused_from: dict[str, str] = {}
+        """On a URL root, each reused file's parent bytes (relative to the root): copied to
+        its object at the commit if that object is missing (a parent of manifest format 1)."""
 
     def note_run(self, **facts: Any) -> None:
         """Facts about the run that made this version (wall seconds, bytes read, tasks), kept
@@ -880,6 +911,9 @@ class Staging:
 
         ``described``: entries of staged files that their writers hashed and counted as they
         wrote them (tasks on other machines); those are not read again.
+
+        ``code_version``: the fingerprint of the code that made the files
+        (:func:`~data_catalog.identity.source_fingerprint`); by default the checkout's commit.
         """
         if self._lock_fd is None:
             raise RuntimeError(f"{self!r} was already committed or discarded")
@@ -888,7 +922,10 @@ class Staging:
         for parent in parents:
             validate_name(parent.name)
             validate_version(parent.version)
+        # The stages of shardflow pass their own code's fingerprint; the checkout is a note on
+        # the run that made the version, never part of it.
         code = code_version if code_version is not None else identity.code_version()
+        self._run.setdefault("checkout", identity.code_version())
         # Stored through JSON so that the returned manifest equals the one read back later.
         plain_parameters = _plain(parameters, "parameters")
         plain_sources = tuple(_plain(s, "sources") for s in sources)
@@ -904,9 +941,15 @@ class Staging:
             self.discard()
             return self._catalog.get(self.name, version)
         local = self._catalog.is_local
+        # Reused files are committed files: described by their parent's manifest, never read.
+        staged_reused = {k: v for k, v in self._reused.items() if (self.path / k).is_file()}
         # A URL catalog uploads the files instead: fsync would buy nothing, and its failpoints
-        # fire during the upload (Catalog._publish_remote).
-        files = describe_and_sync(self.path, file_rows, sync=local, described=described)
+        # fire during the upload (Catalog._upload_objects).
+        files = describe_and_sync(
+            self.path, file_rows, sync=local, described={**(described or {}), **staged_reused}
+        )
+        unstaged = [e for k, e in self._reused.items() if k not in staged_reused]
+        files = tuple(sorted((*files, *unstaged), key=lambda e: e.path))
         if local:
             failpoint("staged")
         manifest = Manifest(
@@ -926,6 +969,26 @@ class Staging:
             extra=_plain({**extra, "run": self._run} if self._run else extra, "extra"),
         )
         return self._catalog._publish(self, manifest)
+
+    def reuse(self, parent: Manifest, entry: FileEntry, relpath: str | None = None) -> FileEntry:
+        """Put file ``entry`` of the committed version ``parent`` into this version, as
+        ``relpath`` (default: its own path), without copying or reading it: the two versions
+        share its object. Returns the new version's entry of it."""
+        relpath = relpath or entry.path
+        reused = replace(entry, path=relpath)
+        _entry_parts(parent, reused)  # refuses a path that would leave the version
+        catalog = self._catalog
+        if isinstance(catalog._storage, LocalStorage):
+            source = catalog.file_path(parent, entry)
+            if not catalog._storage.link_object(entry.sha256, source, self.path / relpath):
+                raise CatalogError(
+                    f"{entry.path} of {parent.ref} is gone from catalog {catalog.url}; run "
+                    f"`shardflow catalog verify {parent.name}`"
+                )
+        else:
+            self.reused_from[relpath] = _bytes_key(catalog, parent, entry)
+        self._reused[relpath] = reused
+        return reused
 
     def adopt(self, source: Path, relpath: str) -> Path:
         """Put an existing file into the staging area as ``relpath``: a hard link when it is on

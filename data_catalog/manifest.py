@@ -3,8 +3,10 @@
 ``manifest.json`` in a version directory lists every file with its size and sha256, the version's
 identity (parents, sources, parameters, code version) and its schema and statistics: free-form
 JSON to the catalog, a typed layout with a ``layout_version`` of its own for what the ingests and
-preprocessing write there (:mod:`data_catalog.layout`). Readers check :data:`FORMAT_VERSION`
-before trusting any other field.
+preprocessing write there (:mod:`data_catalog.layout`). Readers check the ``format_version``
+before trusting any other field: 2 (:data:`FORMAT_VERSION`) says the files' bytes are objects
+addressed by their sha256 (data_catalog/storage.py); 1, written before, says they live under the
+version's own prefix. Both are read.
 
 A committed manifest also carries ``manifest_digest``: the sha256 of its own content (every
 other field, as canonical JSON). :meth:`Manifest.from_json` refuses a manifest whose content no
@@ -24,7 +26,9 @@ from typing import Any
 
 from data_catalog.errors import CatalogError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Every format this code reads (see the module docstring).
+READABLE_FORMATS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 DIGEST_FIELD = "manifest_digest"
 # What `catalog verify` says of a manifest without a digest (written by shardflow before
@@ -154,13 +158,16 @@ class Manifest:
             raise CatalogError(
                 "garbled manifest: no format_version; it is not a shardflow manifest"
             )
-        if data["format_version"] != FORMAT_VERSION:
+        if (
+            isinstance(data["format_version"], bool)
+            or data["format_version"] not in READABLE_FORMATS
+        ):
             raise CatalogError(
                 f"manifest format_version {data['format_version']!r} is not supported "
-                f"(this shardflow reads {FORMAT_VERSION}); upgrade shardflow"
+                f"(this shardflow reads {', '.join(map(str, READABLE_FORMATS))}); upgrade shardflow"
             )
         manifest = cls(
-            format_version=FORMAT_VERSION,
+            format_version=int(data["format_version"]),
             name=_typed(data, "name", str),
             version=_typed(data, "version", str),
             kind=_typed(data, "kind", str),

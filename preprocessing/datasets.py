@@ -196,7 +196,7 @@ def _ingest_sdss(catalog: Catalog, request: IngestRequest) -> Job:
     if request.source is not None:
         from preprocessing.sources import exports
 
-        return exports.plan_ingest(request.source)
+        return exports.plan_ingest(request.source, catalog)
     from preprocessing.sources import sdss
 
     return sdss.plan_skyserver_ingest(

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from data_catalog import Catalog, Manifest, Staging
 from data_catalog.errors import ShardflowError
+from preprocessing.fingerprint import code_of, stage_codes
 
 Progress = Callable[[str], None]
 Result = dict[str, Any]
@@ -90,6 +91,10 @@ class Job(Protocol):
         """Put the files of ``work`` into ``stage`` and commit it."""
         ...
 
+    # Optional: ``kept(pass_name, done) -> Sequence[Result]``, the results of a pass that an
+    # earlier version already holds (an incremental job's unchanged inputs); they are counted
+    # as reused, and its ``tasks`` are then the rest.
+
 
 @dataclass(frozen=True, kw_only=True)
 class PassProgress:
@@ -142,7 +147,7 @@ class PassProgress:
             if self.seconds > 0:
                 parts.append(f"{self.bytes_done / self.seconds / 1e6:.1f} MB/s")
         if self.reused:
-            parts.append(f"{self.reused} kept from an interrupted run")
+            parts.append(f"{self.reused} reused (done by an earlier version or run)")
         eta = self.eta_seconds
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
@@ -171,25 +176,24 @@ def _process_usage() -> dict[str, float]:
 
 
 class CodeVersionError(ShardflowError):
-    """A Dask worker runs other code than the command that gives it tasks."""
+    """A Dask worker runs other code for a stage than the command that gives it tasks."""
 
-    def __init__(self, worker: str, theirs: str, mine: str) -> None:
+    def __init__(self, worker: str, module: str, theirs: str, mine: str) -> None:
         super().__init__(
-            f"Dask worker {worker} runs shardflow {theirs}, this command runs {mine}: install "
-            "the same code on every worker (and restart them), so that every file is written "
-            "by the code the version names"
+            f"Dask worker {worker} runs other code for {module} ({theirs}) than this command "
+            f"({mine}): install the same code on every worker (and restart them), so that "
+            "every file is written by the code the version names"
         )
 
 
 def run_checked(expected: str, fn: Callable[..., Result], *args: Any) -> Result:
-    """``fn(*args)`` on a worker whose code version is ``expected``; else refused."""
-    from data_catalog import identity
-
-    theirs = identity.code_version()
+    """``fn(*args)`` on a worker whose code of ``fn``'s stage
+    (:func:`preprocessing.fingerprint.code_of`) is ``expected``; else refused."""
+    theirs = code_of(fn)
     if theirs != expected:
         import socket
 
-        raise CodeVersionError(socket.gethostname(), theirs, expected)
+        raise CodeVersionError(socket.gethostname(), fn.__module__, theirs, expected)
     return fn(*args)
 
 
@@ -222,15 +226,15 @@ class Runner:
             "cpu_seconds": sum(float(u["cpu_seconds"]) for u in per_worker.values()),
         }
 
-    def _check_code_version(self) -> str:
-        """This command's code version, after refusing any worker that runs other code."""
-        from data_catalog import identity
-
-        mine = identity.code_version()
-        theirs = self.client.run(identity.code_version)
-        for worker, version in sorted(theirs.items()):
-            if version != mine:
-                raise CodeVersionError(worker, version, mine)
+    def _check_code(self, tasks: Sequence[TaskSpec]) -> dict[str, str]:
+        """The code of each stage ``tasks`` belong to, by module, after refusing any worker
+        that runs other code for one of them."""
+        modules = sorted({spec.fn.__module__ for spec in tasks})
+        mine = stage_codes(modules)
+        for worker, theirs in sorted(self.client.run(stage_codes, modules).items()):
+            for module in modules:
+                if theirs[module] != mine[module]:
+                    raise CodeVersionError(worker, module, theirs[module], mine[module])
         return mine
 
     # Workers join and leave seldom; asking the scheduler is a round trip.
@@ -257,7 +261,7 @@ class Runner:
         """
         from distributed import as_completed
 
-        expected = self._check_code_version()
+        expected = self._check_code(tasks)
         results: list[Result | None] = [None] * len(tasks)
         # Largest first (by planned bytes, then rows): the last tasks to start are the
         # shortest, so that the workers finish together instead of one waiting on a big tail.
@@ -275,7 +279,8 @@ class Runner:
                 return False
             index, spec = following
             # Each task checks its worker's code version first (a worker may join later).
-            checked = replace(spec, fn=functools.partial(run_checked, expected, spec.fn))
+            code = expected[spec.fn.__module__]
+            checked = replace(spec, fn=functools.partial(run_checked, code, spec.fn))
             future = self._submit(self.client, checked, f"{spec.key}-{run_key}")
             index_of[future.key] = index
             in_flight.add(future)
@@ -328,17 +333,29 @@ def job_dir(work_root: Path, job: Job) -> Path:
 
 
 class _PassTally:
-    """Counts one pass's finished tasks and reports a :class:`PassProgress` after each."""
+    """Counts one pass's finished tasks and reports a :class:`PassProgress` after each; the
+    results ``kept`` from earlier versions count as reused tasks, done before the first."""
 
     def __init__(
-        self, job: Job, pass_name: str, tasks: Sequence[TaskSpec], on_progress: OnProgress
+        self,
+        job: Job,
+        pass_name: str,
+        tasks: Sequence[TaskSpec],
+        on_progress: OnProgress,
+        kept: Sequence[Result] = (),
     ) -> None:
         self.job = job.work_key
         self.pass_name = pass_name
         self.tasks = tasks
         self.on_progress = on_progress
         self.started = time.monotonic()
-        self.done = self.rows = self.bytes = self.reused = 0
+        self.done = self.reused = len(kept)
+        self.rows = sum(int(r.get("rows", 0)) for r in kept)
+        self.bytes = 0
+        self.total = len(tasks) + len(kept)
+        self.rows_total = sum(t.rows for t in tasks) + self.rows
+        if kept:
+            self._report("", kept[-1])
 
     def __call__(self, index: int, result: Result) -> None:
         spec = self.tasks[index]
@@ -347,19 +364,22 @@ class _PassTally:
         self.rows += int(result.get("rows", spec.rows))
         self.bytes += spec.bytes
         self.reused += bool(result.get("reused"))
+        self._report(spec.key, result)
+
+    def _report(self, task_key: str, result: Result) -> None:
         self.on_progress(
             PassProgress(
                 job=self.job,
                 pass_name=self.pass_name,
                 tasks_done=self.done,
-                tasks_total=len(self.tasks),
+                tasks_total=self.total,
                 rows_done=self.rows,
-                rows_total=sum(t.rows for t in self.tasks),
+                rows_total=self.rows_total,
                 bytes_done=self.bytes,
                 bytes_total=sum(t.bytes for t in self.tasks),
                 seconds=time.monotonic() - self.started,
                 reused=self.reused,
-                task_key=spec.key,
+                task_key=task_key,
                 result=result,
             )
         )
@@ -372,15 +392,20 @@ def run_passes(
     *,
     on_progress: OnProgress = lambda _p: None,
 ) -> dict[str, list[Result]]:
-    """Every pass of ``job``, each planned from the results of those before it."""
+    """Every pass of ``job``, each planned from the results of those before it; a pass's
+    results are those an earlier version of the job's output already holds (the job's optional
+    ``kept(pass_name, done)``: nothing to run for them) and then its tasks'."""
     work.mkdir(parents=True, exist_ok=True)
     done: dict[str, list[Result]] = {}
     # Task keys unique to this run: two drivers sharing a scheduler never share a task.
     run_key = f"{job.work_key}-{uuid.uuid4().hex[:8]}"
+    kept_of: Callable[[str, Results], Sequence[Result]] | None = getattr(job, "kept", None)
     for pass_name in job.passes:
+        kept = list(kept_of(pass_name, done)) if kept_of is not None else []
         tasks = job.tasks(pass_name, done, work)
-        tally = _PassTally(job, pass_name, tasks, on_progress)
-        done[pass_name] = runner.run(tasks, run_key=f"{pass_name}-{run_key}", on_done=tally)
+        tally = _PassTally(job, pass_name, tasks, on_progress, kept)
+        ran = runner.run(tasks, run_key=f"{pass_name}-{run_key}", on_done=tally)
+        done[pass_name] = [*kept, *ran]
     return done
 
 

@@ -45,6 +45,7 @@ from data_catalog.layout import (
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
+from preprocessing.fingerprint import stage_code
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -452,6 +453,7 @@ class ImageJob:
         )
         return commit_processed(
             stage,
+            code=stage_code(__name__),
             layout=layout,
             parents=self.parents,
             parameters=self.parameters,
@@ -565,7 +567,11 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
         source=source,
         name=name,
         version=derived_version(
-            name=name, kind="processed", parents=parents, parameters=parameters
+            name=name,
+            kind="processed",
+            parents=parents,
+            parameters=parameters,
+            code=stage_code(__name__),
         ),
         parents=parents,
         parameters=parameters,

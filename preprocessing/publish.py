@@ -19,14 +19,17 @@ def split_layouts(plans: Sequence[SplitPlan]) -> dict[str, SplitLayout]:
 def commit_processed(
     stage: Staging,
     *,
+    code: str,
     layout: ProcessedLayout,
     parents: Sequence[ParentRef],
     parameters: Mapping[str, Any],
     described: Mapping[str, FileEntry],
 ) -> Manifest:
     """Commit ``stage`` with ``layout`` as its manifest's schema and statistics; its rows are
-    the splits' rows. ``described``: the shards as their writers hashed and counted them."""
+    the splits' rows. ``code``: the fingerprint of the job's code (preprocessing.fingerprint).
+    ``described``: the shards as their writers hashed and counted them."""
     return stage.commit(
+        code_version=code,
         parents=parents,
         parameters=parameters,
         **layout.to_manifest(),

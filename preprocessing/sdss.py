@@ -41,6 +41,7 @@ from data_catalog.layout import ProcessedLayout, Quarantine
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
+from preprocessing.fingerprint import stage_code
 from preprocessing.plan import (
     PlanConfig,
     Shard,
@@ -635,6 +636,7 @@ class SdssJob:
         )
         return commit_processed(
             stage,
+            code=stage_code(__name__),
             layout=layout,
             parents=self.parents,
             parameters=self.parameters,
@@ -688,7 +690,11 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
         raw=raw,
         name=name,
         version=derived_version(
-            name=name, kind="processed", parents=parents, parameters=parameters
+            name=name,
+            kind="processed",
+            parents=parents,
+            parameters=parameters,
+            code=stage_code(__name__),
         ),
         parents=parents,
         parameters=parameters,

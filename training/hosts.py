@@ -25,9 +25,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from data_catalog import identity
 from data_catalog.errors import ShardflowError
 from training.config import LaunchConfig
+from training.fingerprint import model_code
 
 # horovodrun's own ssh options (horovod/runner/util/remote.py SSH_COMMAND_PREFIX), plus
 # BatchMode so that a missing key fails at once instead of asking for a password.
@@ -105,9 +105,9 @@ def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
     remote = remote_hosts(config, num_ranks)
     if not remote:
         return []
-    mine = identity.code_version()
+    mine = model_code()
     probe = f"cd {shlex.quote(os.getcwd())} && {shlex.quote(sys.executable)} -c " + shlex.quote(
-        "from data_catalog import identity; print(identity.code_version())"
+        "from training.fingerprint import model_code; print(model_code())"
     )
     with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
         answers = list(pool.map(lambda host: _ask(config, host, probe), remote))
@@ -127,7 +127,7 @@ def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
             )
         if last != mine:
             raise ShardflowError(
-                f"host {answer.host} runs shardflow {last}, this command runs {mine}: install "
-                "the same code on every host (nothing was started)"
+                f"host {answer.host} runs other training code ({last}) than this command "
+                f"({mine}): install the same code on every host (nothing was started)"
             )
     return remote

@@ -30,6 +30,7 @@ from data_catalog.errors import ShardflowError
 from training import models
 from training.checkpoints import STEP_CHECKPOINT
 from training.config import LaunchConfig, TrainConfig, check_launch
+from training.fingerprint import model_code
 from training.hosts import check_hosts
 from training.input import as_url, plan_steps, rows_of_rank
 from training.rank.config import WorkerConfig
@@ -131,7 +132,9 @@ def train(
     name = model_name(dataset, config.model)
     parameters = config.parameters()
     parents = [processed.ref]
-    version = derived_version(name=name, kind="model", parents=parents, parameters=parameters)
+    version = derived_version(
+        name=name, kind="model", parents=parents, parameters=parameters, code=model_code()
+    )
     if catalog.exists(name, version):
         progress(f"{name}@{version} already in the catalog; not training again")
         manifest = catalog.get(name, version)
@@ -173,6 +176,7 @@ def train(
         shutil.copy2(run_dir / "metrics.json", stage.path / "metrics.json")
         shutil.copy2(run_dir / "curves.png", stage.path / "curves.png")
         manifest = stage.commit(
+            code_version=model_code(),
             parents=parents,
             parameters=parameters,
             schema={

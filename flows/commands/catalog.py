@@ -144,13 +144,13 @@ def cmd_lineage(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def cmd_gc(ctx: Context, args: argparse.Namespace) -> int:
-    """The catalog's leftovers (staging of dead writers, versions without manifest), then the
-    work folders no live run holds and the download cache's stale entries; never a committed
-    version, never a run folder."""
+    """The catalog's leftovers (staging of dead writers, versions without manifest, objects no
+    version holds), then the work folders no live run holds and the download cache's stale
+    entries; never a committed version, never a run folder."""
     from preprocessing.work_gc import DEFAULT_MIN_AGE, remove_unused_work
 
     catalog = ctx.settings.catalog()
-    removed: list[Any] = list(catalog.gc() if catalog.is_local else catalog.gc_urls())
+    removed: list[Any] = catalog.gc()
     removed += remove_unused_work(ctx.settings.work_dir, min_age=DEFAULT_MIN_AGE)
     ctx.emit(
         {"removed": [str(p) for p in removed]},

@@ -46,6 +46,7 @@ import numpy.typing as npt
 from data_catalog import Catalog, FileEntry, Manifest, Staging
 from data_catalog.layout import Cifar10Layout
 from preprocessing.driver import Result, Results, TaskSpec, run_job, serial_runner
+from preprocessing.fingerprint import stage_code
 from preprocessing.shard_files import crash_point, partial_path, record_result, recorded_result
 from preprocessing.sources import task_progress
 from preprocessing.sources.errors import SourceError
@@ -600,9 +601,7 @@ class Cifar10Job:
 
     @property
     def work_key(self) -> str:
-        from data_catalog import code_version
-
-        identity = [code_version(), self.uri]
+        identity = [stage_code(__name__), self.uri]
         return f"{self.name}-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
 
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
@@ -688,6 +687,7 @@ class Cifar10Job:
         train = sum(class_counts["train"])
         test = sum(class_counts["test"])
         manifest: Manifest = stage.commit(
+            code_version=stage_code(__name__),
             sources=sources,
             parameters={},
             **Cifar10Layout(

@@ -39,9 +39,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from data_catalog import Catalog, FileEntry, Manifest, Staging
+from data_catalog import Catalog, FileEntry, Manifest, Staging, version_id
+from data_catalog.errors import ShardflowError
 from data_catalog.layout import ExportsLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
+from preprocessing.fingerprint import stage_code
 from preprocessing.shard_files import HashingSink, crash_point, record_result, recorded_result
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import sha256_file
@@ -636,31 +638,106 @@ def convert_task(item: InputFile, number: int, work: str) -> dict[str, Any]:
     out = _task_output(work, number, item)
     recorded = recorded_result(out)
     if recorded is not None:
-        return {**recorded, "reused": True}
+        return {**recorded, "number": number, "reused": True}
     result = convert_export(item.url, str(out))
     record_result(out, result)
     crash_point("after-file", out)
-    return result
+    return {**result, "number": number}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Converted:
+    """An input file an earlier raw version already holds converted: this state of it (same
+    URL, size and modification time or ETag) by this code."""
+
+    manifest: Manifest
+    """The version holding it."""
+    source: dict[str, Any]
+    """Its entry in that version's sources."""
+    entry: FileEntry
+    """Its converted file in that version."""
+    synthetic_rows: int
+
+    def result(self, number: int) -> dict[str, Any]:
+        """What converting it again would return."""
+        return {
+            "number": number,
+            "rows": int(self.source["rows"]),
+            "input": {k: self.source[k] for k in ("sha256", "bytes", "format")},
+            "output": {
+                "bytes": self.entry.bytes,
+                "sha256": self.entry.sha256,
+                "rows": self.entry.rows,
+                "row_groups": self.entry.row_groups,
+            },
+            "synthetic_rows": self.synthetic_rows,
+            "reused": True,
+        }
+
+
+def converted_earlier(catalog: Catalog, name: str = "sdss") -> dict[str, Converted]:
+    """Every input an earlier raw version of ``name`` made by this code converted, by the stamp
+    of the state it had; the newest version's entry where several hold one."""
+    code = stage_code(__name__)
+    found: dict[str, Converted] = {}
+    for manifest in catalog.versions(name):
+        if manifest.kind != "raw" or manifest.code_version != code:
+            continue
+        sources = {str(s.get("file")): s for s in manifest.sources}
+        files = {f.path: f for f in manifest.files}
+        for noted in manifest.extra.get("inputs", ()):
+            file = str(noted.get("file"))
+            if file in sources and file in files and "stamp" in noted:
+                found[str(noted["stamp"])] = Converted(
+                    manifest=manifest,
+                    source=dict(sources[file]),
+                    entry=files[file],
+                    synthetic_rows=int(noted.get("synthetic_rows", 0)),
+                )
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)
 class ExportsJob:
-    """CasJobs exports into a new raw "sdss" version (a :class:`preprocessing.driver.Job`)."""
+    """CasJobs exports into a new raw "sdss" version (a :class:`preprocessing.driver.Job`):
+    one convert task per input that no earlier version holds converted; the others are reused
+    as they are (their Parquet file shared with the earlier version, neither read nor copied)."""
 
     source: str
     inputs: tuple[InputFile, ...]
+    earlier: dict[str, Converted]
+    """:func:`converted_earlier` of the catalog, by stamp."""
     name: str = "sdss"
     kind: str = "raw"
     passes: tuple[str, ...] = ("convert",)
-    version: None = None
-    """Known at the commit: the version derives from the inputs' digests."""
+
+    @property
+    def version(self) -> str | None:
+        """Known before any work when every input is reused (an unchanged source: its version
+        is already committed); else at the commit, from the digests the tasks compute."""
+        if not all(item.stamp in self.earlier for item in self.inputs):
+            return None
+        kept = self.kept("convert", {})
+        return version_id(
+            name=self.name,
+            kind=self.kind,
+            parents=(),
+            sources=_sources(self.inputs, kept),
+            parameters=PARAMETERS,
+            code_version=stage_code(__name__),
+        )
 
     @property
     def work_key(self) -> str:
-        from data_catalog import code_version
-
-        identity = [code_version(), WRITER_VERSION, sorted(item.url for item in self.inputs)]
+        identity = [stage_code(__name__), WRITER_VERSION, sorted(item.url for item in self.inputs)]
         return f"{self.name}-exports-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
+
+    def kept(self, pass_name: str, done: Results) -> list[dict[str, Any]]:
+        return [
+            self.earlier[item.stamp].result(number)
+            for number, item in enumerate(self.inputs, start=1)
+            if item.stamp in self.earlier
+        ]
 
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
         return [
@@ -671,60 +748,98 @@ class ExportsJob:
                 bytes=item.size or 0,
             )
             for number, item in enumerate(self.inputs, start=1)
+            if item.stamp not in self.earlier
         ]
 
     def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
-        sources: list[dict[str, Any]] = []
+        results = sorted(done["convert"], key=lambda r: int(r["number"]))
+        if [int(r["number"]) for r in results] != list(range(1, len(self.inputs) + 1)):
+            raise ShardflowError(f"{self.source}: not every input was converted")
         described: dict[str, FileEntry] = {}
-        for number, (item, result) in enumerate(
-            zip(self.inputs, done["convert"], strict=True), start=1
-        ):
-            name = f"{number:05d}-{item.stem}.parquet"
-            stage.adopt(_task_output(str(work), number, item), name)
-            out = result["output"]
-            described[name] = FileEntry(
-                path=name,
-                bytes=int(out["bytes"]),
-                sha256=str(out["sha256"]),
-                rows=int(out["rows"]),
-                row_groups=int(out["row_groups"]),
+        noted: list[dict[str, Any]] = []
+        for number, (item, result) in enumerate(zip(self.inputs, results, strict=True), start=1):
+            name = _file_name(number, item)
+            if item.stamp in self.earlier:
+                converted = self.earlier[item.stamp]
+                stage.reuse(converted.manifest, converted.entry, name)
+            else:
+                stage.adopt(_task_output(str(work), number, item), name)
+                out = result["output"]
+                described[name] = FileEntry(
+                    path=name,
+                    bytes=int(out["bytes"]),
+                    sha256=str(out["sha256"]),
+                    rows=int(out["rows"]),
+                    row_groups=int(out["row_groups"]),
+                )
+            noted.append(
+                {
+                    "file": name,
+                    "uri": item.uri,
+                    "stamp": item.stamp,
+                    "synthetic_rows": int(result["synthetic_rows"]),
+                    "reused": item.stamp in self.earlier,
+                }
             )
-            entry: dict[str, Any] = {
-                "uri": item.uri,
-                "file": name,
-                "format": result["input"]["format"],
-                "sha256": result["input"]["sha256"],
-                "bytes": result["input"]["bytes"],
-                "rows": int(result["rows"]),
-            }
-            # synth.py's rows say so in a provenance column; CasJobs exports have none.
-            marked = int(result["synthetic_rows"])
-            if marked:
-                entry["provenance"] = "synthetic" if marked == entry["rows"] else "mixed"
-            sources.append(entry)
-        total = sum(int(r["rows"]) for r in done["convert"])
-        synthetic = sum(int(r["synthetic_rows"]) for r in done["convert"])
+        total = sum(int(r["rows"]) for r in results)
+        synthetic = sum(int(r["synthetic_rows"]) for r in results)
         manifest: Manifest = stage.commit(
-            sources=sources,
-            parameters={"format": "casjobs-export"},
+            code_version=stage_code(__name__),
+            sources=_sources(self.inputs, results),
+            parameters=PARAMETERS,
             **ExportsLayout(
                 columns=dict(SCHEMA),
                 optional=dict(OPTIONAL),
                 rows=total,
-                num_files=len(sources),
+                num_files=len(results),
                 synthetic_rows=synthetic,
             ).to_manifest(),
             rows=total,
             described=described,
+            # The state each input had (for the next ingest to find what it need not convert
+            # again) and whether this ingest converted it: notes, not identity.
+            extra={"inputs": noted},
         )
         return manifest
 
 
-def plan_ingest(source: str) -> ExportsJob:
+PARAMETERS = {"format": "casjobs-export"}
+
+
+def _file_name(number: int, item: InputFile) -> str:
+    return f"{number:05d}-{item.stem}.parquet"
+
+
+def _sources(
+    inputs: Sequence[InputFile], results: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The raw version's sources (part of its identity): each input, its digest and counts."""
+    sources = []
+    ordered = sorted(results, key=lambda r: int(r["number"]))
+    for number, (item, result) in enumerate(zip(inputs, ordered, strict=True), start=1):
+        entry: dict[str, Any] = {
+            "uri": item.uri,
+            "file": _file_name(number, item),
+            "format": result["input"]["format"],
+            "sha256": result["input"]["sha256"],
+            "bytes": result["input"]["bytes"],
+            "rows": int(result["rows"]),
+        }
+        # synth.py's rows say so in a provenance column; CasJobs exports have none.
+        marked = int(result["synthetic_rows"])
+        if marked:
+            entry["provenance"] = "synthetic" if marked == entry["rows"] else "mixed"
+        sources.append(entry)
+    return sources
+
+
+def plan_ingest(source: str, catalog: Catalog | None = None) -> ExportsJob:
     """The ingest of the CasJobs exports (CSV, FITS, VOTable) in ``source``: a directory, a glob
-    or an fsspec URL (reads listings, not files)."""
+    or an fsspec URL (reads listings, not files). With ``catalog``, inputs that an earlier raw
+    version holds converted (the same state of the same file) are reused, not converted."""
     inputs = list_inputs(source, is_export, f"CSV, FITS or VOTable files ({', '.join(FORMATS)})")
-    return ExportsJob(source=source, inputs=tuple(inputs))
+    earlier = converted_earlier(catalog) if catalog is not None else {}
+    return ExportsJob(source=source, inputs=tuple(inputs), earlier=earlier)
 
 
 def ingest_exports(
@@ -732,4 +847,4 @@ def ingest_exports(
 ) -> Manifest:
     """The exports in ``source`` into a new raw "sdss" version, in this process (the CLI and
     the flows run :func:`plan_ingest`'s job on Dask, a task per file)."""
-    return run_job(catalog, plan_ingest(source), runner=serial_runner, progress=progress)
+    return run_job(catalog, plan_ingest(source, catalog), runner=serial_runner, progress=progress)

@@ -26,6 +26,7 @@ from data_catalog import Catalog, FileEntry, Manifest, Staging
 from data_catalog.errors import ShardflowError
 from data_catalog.layout import IdxLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
+from preprocessing.fingerprint import stage_code
 from preprocessing.shard_files import record_result, recorded_result
 from preprocessing.sources import idx, task_progress
 from preprocessing.sources.errors import SourceError
@@ -298,9 +299,7 @@ class IdxJob:
 
     @property
     def work_key(self) -> str:
-        from data_catalog import code_version
-
-        identity = [code_version(), self.source, [f.url for f in self.files]]
+        identity = [stage_code(__name__), self.source, [f.url for f in self.files]]
         return f"{self.name}-idx-{hashlib.sha256(repr(identity).encode()).hexdigest()[:16]}"
 
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
@@ -379,6 +378,7 @@ class IdxJob:
                     row_groups=None,
                 )
         manifest: Manifest = stage.commit(
+            code_version=stage_code(__name__),
             sources=[
                 {
                     "uri": file.uri,

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 from data_catalog import Catalog, FileEntry, Manifest, Staging
 from data_catalog.layout import SkyServerLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
+from preprocessing.fingerprint import stage_code
 from preprocessing.shard_files import crash_point, partial_path, record_result, recorded_result
 from preprocessing.sources import task_progress
 from preprocessing.sources.errors import SourceError
@@ -817,10 +818,8 @@ class SkyServerJob:
 
     @property
     def work_key(self) -> str:
-        from data_catalog import code_version
-
         identity = [
-            code_version(),
+            stage_code(__name__),
             _WORK_LAYOUT,
             self.query.skyserver_url,
             self.query.data_release,
@@ -924,6 +923,7 @@ class SkyServerJob:
             if result["end"] is not None:
                 sources.append(result["end"])
         manifest: Manifest = stage.commit(
+            code_version=stage_code(__name__),
             sources=sources,
             parameters={
                 "skyserver_url": self.query.skyserver_url,

@@ -153,14 +153,17 @@ def test_a_worker_killed_mid_run_changes_nothing(
 def test_a_worker_running_other_code_is_refused(
     cluster: Hosts, tmp_path: Path, exports: Path
 ) -> None:
-    """A worker started from another commit of shardflow (a clone with one more commit: the
-    same files, another code version) gets no task: the command names both versions."""
+    """A worker started from a checkout whose SDSS feature code differs (a clone with one
+    more commit changing preprocessing/sdss.py) gets no task: the command names the stage
+    and both codes. (A commit of docs or training/ alone would change no stage's code.)"""
     repo = Path(__file__).resolve().parents[2]
     other = tmp_path / "other-checkout"
     subprocess.run(["git", "clone", "--quiet", "--shared", str(repo), str(other)], check=True)
+    module = other / "preprocessing" / "sdss.py"
+    module.write_text(module.read_text() + "\n# another version of the feature code\n")
     subprocess.run(
         ["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t",
-         "commit", "--quiet", "--allow-empty", "-m", "another version"],
+         "commit", "--quiet", "-am", "another version"],
         check=True,
     )  # fmt: skip
     _start_worker(cluster, "w1", tmp_path, PYTHONPATH=str(other))
@@ -181,7 +184,10 @@ def test_a_worker_running_other_code_is_refused(
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1, refused.stderr
     other_version = subprocess.run(
-        ["git", "-C", str(other), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    assert f"runs shardflow {other_version}" in lines[0]
+        [sys.executable, "-c",
+         "from preprocessing.fingerprint import stage_code; "
+         "print(stage_code('preprocessing.sdss'))"],
+        capture_output=True, text=True, cwd=other, env={**os.environ, "PYTHONPATH": str(other)},
+    ).stdout.strip()  # fmt: skip
+    assert f"runs other code for preprocessing.sdss ({other_version})" in lines[0]
     assert Catalog(home / "catalog").names() == ["sdss"]  # nothing processed

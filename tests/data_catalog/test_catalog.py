@@ -101,7 +101,9 @@ def test_run_notes_are_kept_beside_the_data_and_do_not_change_the_version(
         (stage.path / "a.txt").write_bytes(b"alpha\n")
         stage.note_run(seconds=1.5, passes={"convert": {"tasks": 1}})
         noted = stage.commit(rows=1, code_version=CODE)
-    assert noted.extra == {"run": {"seconds": 1.5, "passes": {"convert": {"tasks": 1}}}}
+    run = noted.extra["run"]
+    assert run["seconds"] == 1.5 and run["passes"] == {"convert": {"tasks": 1}}
+    assert run["checkout"]  # the checkout that committed it: provenance, not identity
     assert catalog.get("noted", noted.version).extra == noted.extra
     plain = commit(catalog, "noted", {"a.txt": b"alpha\n"}, parameters={})
     assert plain.version == noted.version  # the same data, already committed

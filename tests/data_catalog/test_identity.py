@@ -118,7 +118,7 @@ def test_manifest_round_trips_through_json() -> None:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(format_version=2), "format_version 2 is not supported"),
+        (lambda d: d.update(format_version=3), "format_version 3 is not supported"),
         (lambda d: d.pop("format_version"), "no format_version"),
         (lambda d: d.pop("rows"), "missing field 'rows'"),
         (lambda d: d.update(rows="3"), "field 'rows' is str, expected int"),

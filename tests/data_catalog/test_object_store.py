@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_catalog import Catalog, CatalogError, Manifest, NotFound, ParentRef
-from data_catalog.object_store import ObjectStore
+from data_catalog.storage import ObjectStorage as ObjectStore
 from tests.data_catalog.test_catalog import FILES, commit
 
 
@@ -51,7 +51,7 @@ def test_a_new_url_catalog_is_empty_and_creates_nothing(url: str, cache: Path) -
     assert catalog.names() == []
     assert catalog.versions("ds") == []
     assert catalog.verify() == []
-    assert catalog.gc_urls() == []
+    assert catalog.gc() == []
     assert catalog.search() == []
     assert objects(url) == {}
     assert not cache.exists()
@@ -65,9 +65,12 @@ def test_commit_then_read_back(catalog: Catalog, url: str, cache: Path) -> None:
     assert catalog.get("ds", manifest.version[:6]) == manifest
     assert catalog.versions("ds") == [manifest]
     key = f"datasets/ds/{manifest.version}"
-    assert sorted(objects(url)) == [f"{key}/a.txt", f"{key}/manifest.json", f"{key}/sub/b.bin"]
+    # A version is its manifest; its files are objects named by their sha256.
+    stored = sorted(f"objects/{f.sha256[:2]}/{f.sha256}" for f in manifest.files)
+    assert sorted(objects(url)) == sorted([*stored, f"{key}/manifest.json"])
     entry = manifest.files[1]
-    assert catalog.file_url(manifest, entry) == f"{url}/{key}/sub/b.bin"
+    assert entry.path == "sub/b.bin"
+    assert catalog.file_url(manifest, entry) == f"{url}/objects/{entry.sha256[:2]}/{entry.sha256}"
     assert catalog.version_url("ds", manifest.version) == f"{url}/{key}"
     with fsspec.open(catalog.file_url(manifest, entry), "rb") as f:
         assert f.read() == FILES["sub/b.bin"]
@@ -84,8 +87,6 @@ def test_local_only_accessors_name_their_url_replacements(catalog: Catalog) -> N
         catalog.file_path(manifest, manifest.files[0])
     with pytest.raises(CatalogError, match="is not on a local filesystem; use version_url"):
         catalog.version_dir("ds", manifest.version)
-    with pytest.raises(CatalogError, match="is not on a local filesystem; use gc_urls"):
-        catalog.gc()
     with pytest.raises(CatalogError, match=r"is not on a local filesystem; use \.url"):
         _ = catalog.root
 
@@ -99,7 +100,7 @@ def test_local_roots_keep_paths_and_file_urls_are_local_paths(tmp_path: Path) ->
     assert catalog.version_url("ds", manifest.version) == str(
         catalog.version_dir("ds", manifest.version)
     )
-    assert catalog.gc_urls() == []
+    assert catalog.gc() == []
     with pytest.raises(CatalogError, match="apply only to a URL root"):
         Catalog(tmp_path, storage_options={"key": "x"})
 
@@ -203,6 +204,7 @@ def test_a_failed_upload_publishes_nothing_and_gc_removes_it_once_old(
     catalog: Catalog, url: str, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kept = commit(catalog, "kept", FILES)
+    before = set(objects(url))
     real_upload = ObjectStore.upload
     calls = []
 
@@ -212,47 +214,48 @@ def test_a_failed_upload_publishes_nothing_and_gc_removes_it_once_old(
             raise OSError("connection reset")
         real_upload(self, local, relative)
 
+    other = {"c.txt": b"gamma\n", "sub/d.bin": bytes(range(200)), "sub/e.bin": b"\x00" * 99}
     monkeypatch.setattr(ObjectStore, "upload", flaky_upload)
     with pytest.raises(OSError, match="connection reset"):
-        commit(catalog, "ds", FILES)
+        commit(catalog, "ds", other)
     monkeypatch.undo()
 
-    [version] = [k.split("/")[2] for k in objects(url) if k.startswith("datasets/ds/")]
-    assert sorted(objects(url)) == sorted(
-        [f"datasets/ds/{version}/a.txt"]
-        + [f"datasets/kept/{kept.version}/{f}" for f in ("a.txt", "sub/b.bin", "manifest.json")]
-    )
+    # One object uploaded, no manifest: no version, and nothing under datasets/ds/.
+    [uploaded] = set(objects(url)) - before
+    assert uploaded.startswith("objects/")
     assert catalog.names() == ["kept"]
     assert catalog.versions("ds") == []
-    assert not catalog.exists("ds", version)
     assert catalog.verify() == []
     assert list((cache / "staging").iterdir()) == []
 
     # Fresh objects may be a live writer's upload: the default min_age keeps them.
-    assert catalog.gc_urls() == []
-    assert catalog.gc_urls(min_age=timedelta(0)) == [f"{url}/datasets/ds/{version}"]
-    assert all(not k.startswith("datasets/ds/") for k in objects(url))
-    assert catalog.gc_urls(min_age=timedelta(0)) == []
+    assert catalog.gc() == []
+    assert catalog.gc(min_age=timedelta(0)) == [f"{url}/{uploaded}"]
+    assert set(objects(url)) == before  # kept's objects stay: its manifest names them
+    assert catalog.gc(min_age=timedelta(0)) == []
 
-    # A rerun after a failed upload needs no gc either: it overwrites the same keys.
+    # A rerun after a failed upload needs no gc either: it uploads what is missing.
     monkeypatch.setattr(ObjectStore, "upload", flaky_upload)
     calls.clear()
     with pytest.raises(OSError):
-        commit(catalog, "ds", FILES)
+        commit(catalog, "ds", other)
     monkeypatch.undo()
-    manifest = commit(catalog, "ds", FILES)
-    assert manifest.version == version
+    manifest = commit(catalog, "ds", other)
     assert catalog.verify() == []
     assert catalog.versions("kept") == [kept]
+    assert catalog.versions("ds") == [manifest]
 
 
 def test_gc_removes_dead_local_staging_but_not_live(catalog: Catalog, cache: Path) -> None:
     with catalog.stage("ds", kind="raw") as stage:
         (stage.path / "a").write_text("in progress")
-        dead = cache / "staging" / "ds-dead"
+        dead = cache / "staging" / "ds-00000000deadbeef"
         dead.mkdir()
         (dead / "a").write_text("left by a crashed writer")
-        assert catalog.gc_urls(min_age=timedelta(0)) == [str(dead)]
+        mine = cache / "staging" / "my-notes"
+        mine.mkdir()  # not a name the catalog gives its staging: never removed
+        assert catalog.gc(min_age=timedelta(0)) == [str(dead)]
+        assert mine.is_dir()
         assert (stage.path / "a").exists()
 
 
@@ -292,6 +295,6 @@ def test_gc_never_removes_prefixes_the_catalog_did_not_write(catalog: Catalog, u
     stray = [f"{url}/datasets/ds/not-a-version/x", f"{url}/datasets/Not_A_Name/0123456789abcdef/x"]
     for path in stray:
         fs.pipe_file(path, b"someone else's")
-    assert catalog.gc_urls(min_age=timedelta(0)) == []
+    assert catalog.gc(min_age=timedelta(0)) == []
     assert catalog.names() == []
     assert all(fs.exists(path) for path in stray)

@@ -28,7 +28,7 @@ import pytest
 import s3fs  # noqa: F401  (the filesystem the catalog opens for s3://)
 
 from data_catalog import Catalog
-from data_catalog.object_store import ObjectStore
+from data_catalog.storage import ObjectStorage as ObjectStore
 from tests.data_catalog.commit_helper import CODE_VERSION, commit, write_files
 from tests.data_catalog.test_crash_safety import finish
 
@@ -160,12 +160,8 @@ def test_commit_read_and_verify_a_parquet_version(
     assert manifest.version == version
     assert [f.path for f in manifest.files] == ["blobs/data.bin", "notes.txt", "part.parquet"]
     prefix = f"catalog/datasets/fmnist/{version}"
-    assert keys(endpoint, bucket) == [
-        f"{prefix}/blobs/data.bin",
-        f"{prefix}/manifest.json",
-        f"{prefix}/notes.txt",
-        f"{prefix}/part.parquet",
-    ]
+    stored = {f.path: f"catalog/objects/{f.sha256[:2]}/{f.sha256}" for f in manifest.files}
+    assert keys(endpoint, bucket) == sorted([*stored.values(), f"{prefix}/manifest.json"])
     assert catalog.verify() == []
     part = next(f for f in manifest.files if f.path == "part.parquet")
     assert (part.rows, part.row_groups) == (10, 2)
@@ -175,10 +171,10 @@ def test_commit_read_and_verify_a_parquet_version(
     # A rerun writes nothing; a flipped byte in the bucket is found and named by its URL.
     assert commit_seed(catalog, "fmnist", 3) == version
     s3 = boto3.client("s3", endpoint_url=endpoint, **_boto_credentials())
-    body = s3.get_object(Bucket=bucket, Key=f"{prefix}/notes.txt")["Body"].read()
-    s3.put_object(Bucket=bucket, Key=f"{prefix}/notes.txt", Body=body[:-2] + b"?\n")
+    body = s3.get_object(Bucket=bucket, Key=stored["notes.txt"])["Body"].read()
+    s3.put_object(Bucket=bucket, Key=stored["notes.txt"], Body=body[:-2] + b"?\n")
     [problem] = catalog.verify()
-    assert problem.path == f"{url}/datasets/fmnist/{version}/notes.txt"
+    assert problem.path == f"s3://{bucket}/{stored['notes.txt']}"
     assert problem.reason == "sha256 mismatch"
 
 
@@ -192,13 +188,14 @@ def test_a_commit_killed_before_the_manifest_put_leaves_no_version(
     kept = commit_seed(catalog, "kept", 1)
     expected = commit(tmp_path / "local", "crashy", 7)
 
+    before = set(keys(endpoint, bucket))
     code, _ = finish(run_helper(endpoint, url, "crashy", 7, cache_dir=cache, crash_at=failpoint))
     assert code == -signal.SIGKILL
-    uploaded = [k for k in keys(endpoint, bucket) if k.startswith("catalog/datasets/crashy/")]
+    uploaded = sorted(set(keys(endpoint, bucket)) - before)
     assert uploaded, "the crash should leave uploaded objects behind"
-    assert not any(k.endswith("/manifest.json") for k in uploaded)
+    assert all(k.startswith("catalog/objects/") for k in uploaded)  # no manifest, no version
     if failpoint != "after_first_file":
-        assert len(uploaded) == 3  # every file, no manifest
+        assert len(uploaded) == 2  # every file but the one it shares with kept
     assert catalog.names() == ["kept"]
     assert catalog.versions("crashy") == []
     assert not catalog.exists("crashy", expected)
@@ -207,11 +204,10 @@ def test_a_commit_killed_before_the_manifest_put_leaves_no_version(
     # The dead writer's local staging goes at once (its lock is free); its uploads are fresh,
     # so gc leaves them to a possible live writer until they are min_age old.
     [staged] = [p for p in (cache / "staging").iterdir() if p.is_dir()]
-    assert catalog.gc_urls() == sorted([str(staged), str(staged) + ".lock"])
-    assert catalog.gc_urls() == []
-    crashed = f"{url}/datasets/crashy/{expected}"
-    assert catalog.gc_urls(min_age=timedelta(0)) == [crashed]
-    assert [k for k in keys(endpoint, bucket) if "/crashy/" in k] == []
+    assert catalog.gc() == sorted([str(staged), str(staged) + ".lock"])
+    assert catalog.gc() == []
+    assert sorted(catalog.gc(min_age=timedelta(0))) == [f"s3://{bucket}/{k}" for k in uploaded]
+    assert set(keys(endpoint, bucket)) == before
 
     code, versions = finish(run_helper(endpoint, url, "crashy", 7, cache_dir=cache))
     assert (code, versions) == (0, [expected])
@@ -254,7 +250,7 @@ def test_concurrent_commits_of_the_same_versions_all_succeed(
     catalog = Catalog(url, storage_options=storage_options(endpoint), cache_dir=tmp_path / "d")
     assert {m.version for m in catalog.versions("shared")} == everything
     assert catalog.verify() == []
-    assert catalog.gc_urls(min_age=timedelta(0)) == []
+    assert catalog.gc(min_age=timedelta(0)) == []
     assert len(catalog.search()) == 3
 
 

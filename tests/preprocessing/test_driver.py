@@ -54,6 +54,9 @@ def failing_task(number: int) -> Result:
     return {"number": number}
 
 
+CODE = "src-test"
+
+
 @dataclass(frozen=True, kw_only=True)
 class CountJob:
     """A job of two passes: ``count`` tasks write a file each, then ``sum`` adds them up."""
@@ -66,7 +69,7 @@ class CountJob:
     @property
     def version(self) -> str:
         return derived_version(
-            name=self.name, kind=self.kind, parents=(), parameters={"size": self.size}
+            name=self.name, kind=self.kind, parents=(), parameters={"size": self.size}, code=CODE
         )
 
     @property
@@ -86,6 +89,7 @@ class CountJob:
         for path in sorted(work.iterdir()):
             stage.adopt(path, path.name)
         return stage.commit(
+            code_version=CODE,
             rows=self.size,
             parameters={"size": self.size},
             statistics={"sum": done["sum"][0]["sum"]},
