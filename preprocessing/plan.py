@@ -199,9 +199,10 @@ def _cut(
 
 
 def plan_training_split(split: str, num_rows: int, config: PlanConfig) -> SplitPlan:
-    """Equal row groups, as :func:`equal_groups` cuts them; ``config.remainder`` is filled in
-    (:func:`with_equal_groups_remainder`)."""
-    assert config.remainder in ("drop", "pad"), config.remainder
+    """Equal row groups, as :func:`equal_groups` cuts them (the remainder policy None: the
+    default, "drop"; "keep" is refused: :func:`with_equal_groups_remainder`)."""
+    config = with_equal_groups_remainder(config, "a split of equal row groups")
+    assert config.remainder is not None
     rows_per_group, num_groups = equal_groups(num_rows, config)
     kept = rows_per_group * num_groups
     return SplitPlan(
