@@ -696,13 +696,21 @@ class SdssJob:
         layout = self.layout(scans, [written[p.number] for p in self.pieces], rows_per_group)
         reused = sum(bool(written[p.number].get("earlier")) for p in self.pieces)
         if self.earlier is not None:
+            new = [p for p in self.pieces if not written[p.number].get("earlier")]
             stage.note_run(
                 incremental={
                     "base": str(self.earlier.manifest.ref),
                     "pieces": len(self.pieces),
                     "pieces_reused": reused,
-                    "pieces_new": len(self.pieces) - reused,
-                }
+                    "pieces_new": len(new),
+                },
+                # What is new since the version it grew from: the pieces read and written, by
+                # raw file and row group (catalog lineage shows it).
+                new_since={
+                    "base": str(self.earlier.manifest.ref),
+                    "reused": reused,
+                    "new": [f"{_raw_file(self.raw, p)}#{p.row_group}" for p in new],
+                },
             )
         return commit_processed(
             stage,
@@ -793,6 +801,12 @@ class SdssJob:
             ),
             rows_in=sum(int(s["rows_in"]) for s in scans),
         )
+
+
+def _raw_file(raw: Manifest, piece: Piece) -> str:
+    """The raw version's file a piece is a row group of."""
+    sha = piece.key.partition("#")[0]
+    return next((f.path for f in raw.files if f.sha256 == sha), sha)
 
 
 def _renumbered(record: dict[str, Any], number: int) -> dict[str, Any]:

@@ -178,6 +178,12 @@ def train(
         f"train: {config.num_ranks} ranks x {steps} steps x {config.batch_size} per batch, "
         f"{config.epochs} epochs, on {processed.name}@{processed.version}"
     )
+    new_since = processed.extra.get("run", {}).get("new_since")
+    if new_since is not None:
+        progress(
+            f"train: {processed.ref} grew from {new_since['base']}: {len(new_since['new'])} "
+            f"parts new, {new_since['reused']} reused"
+        )
     # A resumed run's folder may hold the report of an earlier run that diverged.
     (run_dir / DIVERGED_NAME).unlink(missing_ok=True)
     with _run_dir_kept_only_with_checkpoints(run_dir):
@@ -212,6 +218,8 @@ def train(
                     processed, config.num_ranks, config.seed, config.epochs
                 ),
                 "steps_per_epoch": steps,
+                # What of the processed version is new since the one it grew from.
+                **({"input_new_since": new_since} if new_since is not None else {}),
             },
         )
     return manifest, metrics

@@ -69,6 +69,16 @@ def test_a_new_export_is_the_only_piece_scanned_written_and_stored(
     grown = run_job(catalog, job, runner=serial_runner)
     noted = grown.extra["run"]["incremental"]
     assert (noted["pieces_reused"], noted["pieces_new"]) == (3, 1)
+    # Lineage names what is new: the new export's file in the raw version, its piece here.
+    tree = catalog.lineage(grown.name, grown.version)
+    assert tree["new_since"] == {
+        "base": str(first.ref),
+        "reused": 3,
+        "new": ["00001-a-new-export.parquet#0"],
+    }
+    raw_node = tree["parents"][0]
+    assert raw_node["new_since"]["new"] == ["00001-a-new-export.parquet"]
+    assert raw_node["new_since"]["reused"] == 3
     # Stored anew: the new export's raw file, the new piece's outputs and the pieces record.
     new = {f.sha256 for f in grown.files} - {f.sha256 for f in first.files}
     assert _objects(root) - before == new | {raw.files[0].sha256}
