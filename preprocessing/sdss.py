@@ -374,6 +374,8 @@ def _duplicate_rows(work: str, piece: int, buckets: Sequence[int]) -> npt.NDArra
         pieces = table.column("piece").to_numpy()
         start, stop = np.searchsorted(pieces, [piece, piece + 1], side="left")
         found.append(table.column("row").to_numpy()[start:stop])
+    if not found:
+        return np.zeros(0, dtype=np.int64)
     rows: npt.NDArray[np.int64] = np.sort(np.concatenate(found)).astype(np.int64)
     return rows
 
@@ -687,7 +689,6 @@ class SdssJob:
                     "write": _renumbered(
                         {"sums": write["sums"], "files": write["files"]}, piece.number
                     ),
-                    "outputs": sorted(outputs),
                 }
             )
         state = stage.path / PIECES_FILE
@@ -725,8 +726,8 @@ class SdssJob:
         self, stage: Staging, piece: Piece, scan: Result, write: Result, work: Path
     ) -> dict[str, FileEntry]:
         """Put one piece's outputs into ``stage``: an earlier version's files as they are (no
-        copy), a task's from the work folder; their entries (keys files are hashed at the
-        commit, the others were hashed by the tasks that wrote them)."""
+        copy), a task's from the work folder; the entries of the latter, as the tasks that
+        wrote them hashed and counted them (keys files are hashed at the commit)."""
         earlier = self.earlier
         record = self._kept_record(piece)
         staged: dict[str, FileEntry] = {}
@@ -747,7 +748,7 @@ class SdssJob:
             if write.get("earlier") and (kind != "quarantine" or scan.get("earlier")):
                 assert earlier is not None and record is not None
                 old = earlier.files[output_path(kind, int(record["number"]))]
-                staged[relpath] = stage.reuse(earlier.manifest, old, relpath)
+                stage.reuse(earlier.manifest, old, relpath)  # described by its manifest entry
                 continue
             folder = work / "out" if kind != "quarantine" else work / str(scan.get("folder", ""))
             stage.adopt(folder / str(entry["path"]), relpath)

@@ -107,4 +107,8 @@ def test_the_nightly_deployment_does_only_what_is_new(
     raw = shardflow("catalog", "show", "sdss", "--json").json
     assert [n["reused"] for n in raw["extra"]["inputs"]] == [True, True, False]
     processed = shardflow("catalog", "show", "sdss-processed", "--json").json
-    assert processed["extra"]["run"]["incremental"]["pieces_new"] == 1
+    assert processed["extra"]["run"].get("incremental", {}).get("pieces_new") == 1, (
+        processed["extra"],
+        processed["code_version"],
+        processed["parameters"],
+    )

@@ -146,3 +146,19 @@ def test_every_training_row_is_written_once_in_row_groups_of_r_rows(
         np.sum([f.row_groups or 0 for f in manifest.files if f.path.startswith("train/")])
         == (train["num_row_groups"])
     )
+
+
+def test_row_groups_that_grow_with_a_small_split_rewrite_every_piece(
+    exports: Path, tmp_path: Path
+) -> None:
+    """A split too small for rank_multiple groups of the target gets smaller groups, which
+    grow with it: then every earlier piece is read and written again, and the result is still
+    a fresh run's."""
+    small = JobOptions(plan=PlanConfig(target_rows_per_group=1000, rank_multiple=64))
+    catalog = Catalog(tmp_path / "catalog")
+    first = _processed(catalog, exports, small)
+    _add_export(exports, tmp_path, "z-new-export.csv", seed=13)
+    grown = _processed(catalog, exports, small)
+    assert grown.statistics["train"]["rows_per_group"] > first.statistics["train"]["rows_per_group"]
+    assert grown.extra["run"]["incremental"]["pieces_reused"] == 0
+    assert _files(grown) == _files(_scratch(tmp_path, exports, small))
