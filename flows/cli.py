@@ -160,6 +160,11 @@ def _run_command(argv: Sequence[str] | None) -> int:
     except Exception as exc:
         if args.debug:
             raise
+        if INTERRUPT["pending"]:
+            # Ctrl-C raised inside a library that wraps what it catches (pydantic turned the
+            # KeyboardInterrupt into a PydanticSerializationError while Prefect serialised a
+            # flow parameter): the command was interrupted, not broken.
+            return 130
         message = str(exc).splitlines()[0] if str(exc) else ""
         print(
             f"shardflow: internal error: {type(exc).__name__}: {message} "

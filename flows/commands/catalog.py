@@ -18,8 +18,10 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
 
 def manifest_json(catalog: Any, manifest: Any) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(manifest.to_json())
+    # "path": where the bytes are (the file in the version's folder, or its object in an
+    # object store); "file": its name in the version.
     data["files"] = [
-        {**entry, "path": catalog.file_url(manifest, file)}
+        {**entry, "path": catalog.file_url(manifest, file), "file": file.path}
         for entry, file in zip(data["files"], manifest.files, strict=True)
     ]
     data["directory"] = catalog.version_url(manifest.name, manifest.version)
