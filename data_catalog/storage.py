@@ -50,6 +50,16 @@ def object_key(sha256: str) -> str:
     return f"{OBJECTS}/{sha256[:2]}/{sha256}"
 
 
+def is_object_key(relative: str) -> bool:
+    """Whether ``relative`` is where :func:`object_key` puts some digest's bytes."""
+    sha = relative.rsplit("/", 1)[-1]
+    return (
+        len(sha) == 64
+        and all(c in "0123456789abcdef" for c in sha)
+        and (relative == f"{OBJECTS}/{sha[:2]}/{sha}")
+    )
+
+
 class Storage(Protocol):
     """What the catalog asks of the medium; paths are '/'-joined, relative to the root."""
 
@@ -229,6 +239,8 @@ class LocalStorage:
         folder = self.path(OBJECTS)
         for prefix in self.subdirectories(OBJECTS):
             for entry in os.scandir(folder / prefix):
+                if not is_object_key(f"{OBJECTS}/{prefix}/{entry.name}"):
+                    continue  # not a name the catalog writes: never removed
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_nlink == 1:
                     yield Path(entry.path)
 
