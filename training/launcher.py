@@ -27,6 +27,8 @@ from typing import Any
 
 from data_catalog import Catalog, Manifest, derived_version, model_name, processed_name
 from data_catalog.errors import ShardflowError
+from data_catalog.layout import ProcessedLayout
+from data_catalog.manifest import ParentRef
 from training import models
 from training.checkpoints import STEP_CHECKPOINT
 from training.config import LaunchConfig, TrainConfig, check_launch
@@ -157,6 +159,70 @@ def train(
     if remote:
         progress(f"hosts {', '.join(remote)}: reachable by ssh, same code")
     run_dir = runs_dir / f"{name}-{version}"
+    # One run per run folder at a time: a second run of the same model version waits, then
+    # finds it committed (or, after a failed first run, trains in the folder it left).
+    with _one_run_at_a_time(runs_dir, run_dir, progress):
+        if catalog.exists(name, version):
+            progress(f"{name}@{version} was committed by the run we waited for")
+            manifest = catalog.get(name, version)
+            return manifest, dict(manifest.statistics)
+        return _train_in(
+            catalog,
+            run_dir,
+            config=config,
+            launch=launch,
+            processed=processed,
+            layout=layout,
+            steps=steps,
+            name=name,
+            parents=parents,
+            progress=progress,
+        )
+
+
+RUN_LOCKS = ".locks"
+"""Under the runs folder: ``<run folder name>.lock``, flock held by the live run of it."""
+
+
+@contextlib.contextmanager
+def _one_run_at_a_time(runs_dir: Path, run_dir: Path, progress: Progress) -> Iterator[None]:
+    """Hold the run folder's lock for the block; wait (saying so) while another run holds it.
+    The lock file lives beside the run folders, never in one: a run clears its folder."""
+    import fcntl
+
+    locks = runs_dir / RUN_LOCKS
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{run_dir.name}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another run training in {run_dir} to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _train_in(
+    catalog: Catalog,
+    run_dir: Path,
+    *,
+    config: TrainConfig,
+    launch: LaunchConfig,
+    processed: Manifest,
+    layout: ProcessedLayout,
+    steps: int,
+    name: str,
+    parents: list[ParentRef],
+    progress: Progress,
+) -> tuple[Manifest, dict[str, Any]]:
+    """Launch the ranks in ``run_dir`` (holding its lock) and commit the model they wrote."""
+    from training.input import InputSpec
+
+    spec = InputSpec.of(layout)
+    runs_dir = run_dir.parent
+    parameters = config.parameters()
     train_url = str(as_url(_split_location(catalog, processed, "train") or ""))
     _prepare_run_dir(runs_dir, name, run_dir, config, launch, train_url, progress)
     worker_config = WorkerConfig(
