@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from tests.conftest import Result
 
 pytestmark = pytest.mark.e2e
 
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
+BIN = Path(sys.executable).parent
+SHARDFLOW = BIN / "shardflow"
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -113,3 +115,197 @@ def test_two_identical_train_runs_take_turns(processed_subset: Path) -> None:
     entry = next(f for f in model.files if f.path == "metrics.json")
     assert (run_dir / "metrics.json").read_bytes() == catalog.file_path(model, entry).read_bytes()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# Items 6 and 10: an external Dask scheduler that cannot run the work
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _listen(*, answer: bytes | None) -> tuple[str, Callable[[], None]]:
+    """A loopback listener that accepts and never answers (``answer`` None), or answers every
+    connection with ``answer`` (an HTTP server's reply); its address and its stop."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stopped = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stopped.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            if answer is not None:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        thread.join(timeout=5)
+        for conn in held:
+            conn.close()
+        server.close()
+
+    return f"127.0.0.1:{server.getsockname()[1]}", stop
+
+
+HTTP_REPLY = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("answer", "needle"),
+    [(None, "did not answer within 3 s"), (HTTP_REPLY, "did not answer as a Dask scheduler")],
+    ids=["silent", "http"],
+)
+def test_a_scheduler_address_that_never_answers_dask(
+    processed_subset: Path, answer: bytes | None, needle: str
+) -> None:
+    address, stop = _listen(answer=answer)
+    try:
+        result = run(
+            processed_subset,
+            *("preprocess", "fashion-mnist", "--rank-multiple", "4"),
+            *("--scheduler", f"tcp://{address}"),
+            timeout=120,
+            SHARDFLOW_DEADLINE_CONNECT="3",
+        )
+    finally:
+        stop()
+    one_line_error(result, f"tcp://{address}", needle)
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A `dask scheduler` on loopback with no worker; stopped after the test."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+         "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    address = f"tcp://127.0.0.1:{port}"
+    _wait_for_port(port)
+    try:
+        yield address, proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _wait_for_port(port: int) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    pytest.fail(f"nothing listens on 127.0.0.1:{port}")
+
+
+def _worker(address: str, home: Path, **env: str) -> subprocess.Popen[bytes]:
+    """One `dask worker` without a nanny (nothing restarts it when it dies)."""
+    return subprocess.Popen(
+        [str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
+         "--no-nanny", "--no-dashboard", "--local-directory", str(home / "dask-worker")],
+        env=_env(home, **env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+PREPROCESS_MANY = ("preprocess", "fashion-mnist", "--rank-multiple", "4", "--rows-per-group", "50")
+
+
+def test_a_scheduler_without_workers_is_named(
+    processed_subset: Path, scheduler: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    address, _proc = scheduler
+    result = run(
+        processed_subset,
+        *PREPROCESS_MANY,
+        *("--scheduler", address),
+        timeout=120,
+        SHARDFLOW_DEADLINE_WORKERS="4",
+    )
+    one_line_error(result, f"no Dask worker: the scheduler {address}", "did not answer within 4 s")
+
+
+def test_the_only_worker_killed_mid_write_is_named(
+    processed_subset: Path, scheduler: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    """Its worker dies by SIGKILL right after its first shard (SHARDFLOW_CRASH_AT): the tasks
+    wait for a worker that never comes, until the deadline says so."""
+    address, _proc = scheduler
+    worker = _worker(address, processed_subset, SHARDFLOW_CRASH_AT="after-shard:1")
+    try:
+        result = run(
+            processed_subset,
+            *PREPROCESS_MANY,
+            *("--scheduler", address),
+            timeout=180,
+            SHARDFLOW_DEADLINE_WORKERS="4",
+        )
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+    one_line_error(result, f"no Dask worker: the scheduler {address}")
+    assert "fashion-mnist-processed@" not in run(processed_subset, "catalog", "list").stdout
+
+
+def test_a_scheduler_killed_mid_run_is_one_line(
+    processed_subset: Path, scheduler: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    """kill -9 of the scheduler while the command waits on it (its only worker stopped, so the
+    run is mid-way whenever the kill lands): one line naming it, exit 1; before, a 36-line
+    traceback and an internal error, exit 2."""
+    import signal
+
+    address, proc = scheduler
+    worker = _worker(address, processed_subset)
+    _wait_for_workers(address, 1)
+    worker.send_signal(signal.SIGSTOP)
+    command = start(processed_subset, *PREPROCESS_MANY, "--scheduler", address, "--verbose")
+    assert command.stderr is not None
+    try:
+        lines = []
+        for line in command.stderr:
+            lines.append(line)
+            if line.startswith("dask: using scheduler"):
+                break
+        proc.kill()
+        rest = command.stderr.read()
+        command.wait(timeout=180)
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+    after = [line for line in rest.splitlines() if not line.startswith("dask: ")]
+    assert command.returncode == 1, "".join(lines) + rest
+    assert len(after) == 1 and after[0].startswith("shardflow: error: "), rest
+    assert f"lost the Dask scheduler {address}" in after[0]
+    assert "finished tasks are kept" in after[0]
+
+
+def _wait_for_workers(address: str, count: int) -> None:
+    probe = (
+        "from distributed import Client; "
+        f"c = Client({address!r}, timeout=30); c.wait_for_workers({count}, timeout=120)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
