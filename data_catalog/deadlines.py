@@ -61,11 +61,14 @@ class DeadlineExceeded(ShardflowError):
     """Something outside shardflow did not answer within its deadline; the message names it."""
 
 
-def exceeded(what: str, deadline: Deadline, remedy: str) -> DeadlineExceeded:
-    """The one-line error for ``what`` having taken longer than ``deadline``."""
+def exceeded(
+    what: str, deadline: Deadline, remedy: str, seconds: float | None = None
+) -> DeadlineExceeded:
+    """The one-line error for ``what`` having taken longer than ``deadline`` (``seconds``: the
+    limit it had, when more than the deadline's own: a transfer's time for its bytes)."""
+    limit = deadline.seconds() if seconds is None else seconds
     return DeadlineExceeded(
-        f"{what} did not answer within {deadline.seconds():g} s; {remedy} "
-        f"(the limit is {deadline.variable})"
+        f"{what} did not answer within {limit:.0f} s; {remedy} (the limit is {deadline.variable})"
     )
 
 
