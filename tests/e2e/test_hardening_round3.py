@@ -309,3 +309,67 @@ def _wait_for_workers(address: str, count: int) -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Items 8 and 14: a PREFECT_API_URL that does not answer
+
+
+@pytest.mark.parametrize("kind", ["silent", "refused"])
+def test_a_prefect_api_that_does_not_answer_is_named_before_any_work(
+    home: Path, fashion_subset: Path, kind: str
+) -> None:
+    if kind == "silent":
+        address, stop = _listen(answer=None)
+    else:
+        address, stop = f"127.0.0.1:{_free_port()}", lambda: None
+    api = f"http://{address}/api"
+    try:
+        result = run(
+            home,
+            *("run", "fashion-mnist", "--source", str(fashion_subset), "--np", "1"),
+            timeout=180,
+            PREFECT_API_URL=api,
+            SHARDFLOW_DEADLINE_CONNECT="3",
+        )
+    finally:
+        stop()
+    needle = "did not answer within 3 s" if kind == "silent" else "does not answer /health"
+    one_line_error(result, f"the Prefect API at {api}", needle, "unset PREFECT_API_URL")
+    assert not (home / "catalog").exists() or run(home, "catalog", "list").stdout.startswith(
+        "the catalog at"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 13: `shardflow server` says where it is only once it answers there
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--port", "70000"), "--port"),
+        (("--port", "0"), "--port"),
+        (("--host", "256.1.1.1"), "--host '256.1.1.1' is not a host name or address"),
+        (("--host", "192.0.2.1"), "--host 192.0.2.1 is not an address of this machine"),
+    ],
+)
+def test_server_refuses_an_address_it_cannot_listen_on(
+    home: Path, args: tuple[str, ...], needle: str
+) -> None:
+    result = run(home, "server", *args, timeout=60)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert len(result.stderr.splitlines()) == 1 and needle in result.stderr, result.stderr
+    assert "PREFECT_API_URL" not in result.stderr
+
+
+def test_server_on_a_busy_port_points_nowhere(home: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run(home, "server", "--port", str(port), timeout=60)
+    one_line_error(result, f"port {port} on 127.0.0.1 is in use")
+    assert "export PREFECT_API_URL" not in result.stderr
