@@ -4,10 +4,10 @@ answering. Every wait on a server or a cluster takes its limit from here:
     name      default  what
     connect      20 s  a connection to a server and its first answer (a Dask scheduler's
                        handshake, the Prefect API's /health, an object store's connect)
-    reply        60 s  one reply of an object store or a source server, from the request to
-                       its last byte (a server sending one byte every few seconds included)
+    reply        60 s  one reply of an object store or a source server (SkyServer), from the
+                       request to its last byte (a server sending one byte every few seconds
+                       included), plus the time its bytes take at a slowest allowed rate
     workers     120 s  a Dask scheduler with no worker while tasks wait for one
-    page        600 s  one page of a source server (SkyServer), all its attempts together
 
 ``SHARDFLOW_DEADLINE_<NAME>`` (seconds) overrides a default: slow networks need more, tests
 need less. It is read when a wait starts, in whichever process waits (a Dask worker fetching a
@@ -54,7 +54,6 @@ class Deadline:
 CONNECT = Deadline(name="connect", default=20.0)
 REPLY = Deadline(name="reply", default=60.0)
 WORKERS = Deadline(name="workers", default=120.0)
-PAGE = Deadline(name="page", default=600.0)
 
 
 class DeadlineExceeded(ShardflowError):

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from data_catalog import Catalog
 from preprocessing.sources import mnist
 from tests.conftest import Result
+from tests.preprocessing.sources.skyserver_standin import StandIn, serve, synthetic_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -373,3 +375,53 @@ def test_server_on_a_busy_port_points_nowhere(home: Path) -> None:
         result = run(home, "server", "--port", str(port), timeout=60)
     one_line_error(result, f"port {port} on 127.0.0.1 is in use")
     assert "export PREFECT_API_URL" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 9: a SkyServer that drips its reply, or never answers
+
+
+class _Dripping(StandIn):
+    """Pages arrive one byte at a time, one every half second (the count is answered)."""
+
+    def respond(self, cmd: str) -> tuple[int, bytes | Iterator[bytes]]:
+        status, body = super().respond(cmd)
+        if "count(*)" in cmd or not isinstance(body, bytes):
+            return status, body
+
+        def drip() -> Iterator[bytes]:
+            for byte in body:
+                time.sleep(0.5)
+                yield bytes([byte])
+
+        return status, drip()
+
+
+class _Silent(StandIn):
+    """Pages are never answered (the count is)."""
+
+    def respond(self, cmd: str) -> tuple[int, bytes | Iterator[bytes]]:
+        if "count(*)" in cmd:
+            return super().respond(cmd)
+        self.queries.append(cmd)
+        time.sleep(30)
+        return 503, b"too late"
+
+
+@pytest.mark.parametrize(
+    ("standin", "needle"),
+    [(_Dripping, "the reply was not whole within 2 s"), (_Silent, "Read timed out")],
+    ids=["drip", "silent"],
+)
+def test_a_skyserver_too_slow_to_finish_is_named(
+    home: Path, standin: type[StandIn], needle: str
+) -> None:
+    with serve(standin(synthetic_rows(500))) as server:
+        result = run(
+            home,
+            *("ingest", "sdss", "--skyserver-url", server.url, "--data-release", "17"),
+            *("--workers", "1"),
+            timeout=240,
+            SHARDFLOW_DEADLINE_REPLY="2",
+        )
+    one_line_error(result, server.url, needle, "(3 attempts)")
