@@ -425,3 +425,25 @@ def test_a_skyserver_too_slow_to_finish_is_named(
             SHARDFLOW_DEADLINE_REPLY="2",
         )
     one_line_error(result, server.url, needle, "(3 attempts)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 15: bench options
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("reader", "fashion-mnist", "--steps", "0"),
+        ("preprocess", "fashion-mnist", "--rounds", "0"),
+        ("ingest", "sdss", "--rounds", "-1"),
+        ("scaling", "fashion-mnist", "--batch-size", "0"),
+        ("aggregation", "fashion-mnist", "--epochs", "0"),
+        ("ingest", "sdss", "--files", "0"),
+    ],
+)
+def test_bench_counts_below_one_are_usage_errors(home: Path, args: tuple[str, ...]) -> None:
+    result = run(home, "bench", *args, timeout=60)
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "expected 1 or more" in line and "internal error" not in line, line
