@@ -447,3 +447,11 @@ def test_bench_counts_below_one_are_usage_errors(home: Path, args: tuple[str, ..
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.splitlines()
     assert "expected 1 or more" in line and "internal error" not in line, line
+
+
+def test_train_refuses_a_seed_the_ranks_cannot_use(home: Path) -> None:
+    """Issue #29 item 18: refused before anything is planned or launched."""
+    one_line_error(
+        run(home, "train", "fashion-mnist", "--seed", "4294967296", timeout=60),
+        "--seed must be at most 4294967295",
+    )
