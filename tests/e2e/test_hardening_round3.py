@@ -455,3 +455,92 @@ def test_train_refuses_a_seed_the_ranks_cannot_use(home: Path) -> None:
         run(home, "train", "fashion-mnist", "--seed", "4294967296", timeout=60),
         "--seed must be at most 4294967295",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 16: IDX errors name the user's file, not a work copy that is gone
+
+
+def _idx(shape: tuple[int, ...], data: bytes, *, dims: int | None = None, code: int = 8) -> bytes:
+    import struct
+
+    return bytes([0, 0, code, dims or len(shape)]) + struct.pack(f">{len(shape)}I", *shape) + data
+
+
+@pytest.mark.parametrize("compress", [True, False], ids=["gz", "plain"])
+@pytest.mark.parametrize(
+    ("stem", "content", "needle"),
+    [
+        ("train-labels-idx1-ubyte", b"\x00\x00\x0d\x01" + bytes(8), "IDX type"),
+        ("train-labels-idx1-ubyte", _idx((2_000,), bytes([200]) * 2_000), "label 200"),
+        ("train-labels-idx1-ubyte", _idx((2_000,), bytes(2_000) + b"extra"), "but the file holds"),
+        ("train-labels-idx1-ubyte", _idx((0,), b""), "0 records"),
+        ("train-images-idx3-ubyte", _idx((2_000, 28, 28, 1), bytes(4)), "dimensions"),
+        ("train-images-idx3-ubyte", _idx((2_000, 9000, 9000), bytes(4)), "9000 x 9000"),
+    ],
+    ids=["magic", "label", "trailing", "zero", "4-d", "huge"],
+)
+def test_idx_errors_name_the_users_file(
+    home: Path, fashion_subset: Path, tmp_path: Path, stem: str, content: bytes, needle: str,
+    compress: bool,
+) -> None:  # fmt: skip
+    import gzip
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(fashion_subset, source)
+    (source / f"{stem}.gz").unlink()
+    bad = source / (f"{stem}.gz" if compress else stem)
+    bad.write_bytes(gzip.compress(content, mtime=0) if compress else content)
+    result = run(home, "ingest", "fashion-mnist", "--source", str(source), "--workers", "1")
+    line = one_line_error(result, needle)
+    assert str(bad) in line, line
+    assert str(home / "work") not in line, line
+
+
+# ---------------------------------------------------------------------------------------------
+# Items 17, 22 and 23: source file names, and files left out
+
+
+def test_source_file_names_of_any_legal_form_and_files_left_out(home: Path, tmp_path: Path) -> None:
+    """A 244-character name and a name holding a newline are ingested (item 17: "File name too
+    long" on a derived work path; item 23: the newline reached the catalog's file name); a
+    compressed export and a stray text file beside them are named in a warning (item 22)."""
+    import shutil
+
+    made = tmp_path / "made"
+    ok(run(home, "synth", "sdss", "--rows", "600", "--files", "3", "--out", str(made)))
+    exports = sorted(made.glob("*.csv"))
+    source = tmp_path / "source"
+    source.mkdir()
+    long_name = "a" * 240 + ".csv"
+    shutil.copy(exports[0], source / long_name)
+    shutil.copy(exports[1], source / "new\nline.csv")
+    shutil.copy(exports[2], source / "c.csv")
+    (source / "d.csv.gz").write_bytes(b"\x1f\x8b not read")
+    (source / "e.txt").write_text("notes\n")
+
+    result = ok(run(home, "ingest", "sdss", "--source", str(source), "--json"))
+    assert result.json["rows"] == 600
+    warnings = [line for line in result.stderr.splitlines() if line]
+    assert len(warnings) == 1, result.stderr
+    assert "skipping 2 file(s)" in warnings[0] and "'d.csv.gz', 'e.txt'" in warnings[0]
+    shown = ok(run(home, "catalog", "show", "sdss", "--json")).json
+    names = [Path(f["path"]).name for f in shown["files"] if f["path"].endswith(".parquet")]
+    assert len(names) == 3 and all("\n" not in n and len(n.encode()) < 160 for n in names), names
+    assert any("new_line" in n for n in names), names
+
+
+def test_an_idx_file_beside_its_gz_twin_is_noticed(
+    home: Path, fashion_subset: Path, tmp_path: Path
+) -> None:
+    import gzip
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(fashion_subset, source)
+    plain = source / "train-labels-idx1-ubyte"
+    plain.write_bytes(gzip.decompress((source / "train-labels-idx1-ubyte.gz").read_bytes()))
+    result = ok(run(home, "ingest", "fashion-mnist", "--source", str(source), "--workers", "1"))
+    assert result.stderr.count("warning") == 1, result.stderr
+    assert "holds both train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte" in result.stderr
