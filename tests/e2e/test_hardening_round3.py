@@ -544,3 +544,33 @@ def test_an_idx_file_beside_its_gz_twin_is_noticed(
     result = ok(run(home, "ingest", "fashion-mnist", "--source", str(source), "--workers", "1"))
     assert result.stderr.count("warning") == 1, result.stderr
     assert "holds both train-labels-idx1-ubyte.gz and train-labels-idx1-ubyte" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 19: every row quarantined
+
+
+def test_every_row_quarantined_says_so_and_why(home: Path, tmp_path: Path) -> None:
+    """A FITS export whose class values are lower case: every row is quarantined, and the one
+    line says how many of how many and why (before: row groups were blamed, or an internal
+    error from empty statistics)."""
+    from astropy.table import Table
+
+    made = tmp_path / "made"
+    ok(run(home, "synth", "sdss", "--rows", "2000", "--files", "1", "--format", "fits",
+           "--out", str(made)))  # fmt: skip
+    (export,) = made.glob("*.fits")
+    table = Table.read(export)
+    table["class"] = [str(c).lower() for c in table["class"]]
+    source = tmp_path / "lower"
+    source.mkdir()
+    table.write(source / "lower.fits")
+    ok(run(home, "ingest", "sdss", "--source", str(source)))
+    for extra in ((), ("--rank-multiple", "1")):
+        line = one_line_error(
+            run(home, "preprocess", "sdss", "--workers", "1", *extra),
+            "2,000 of 2,000 rows were quarantined",
+            "unknown class (expected STAR / GALAXY / QSO)",
+            "no training rows",
+        )
+        assert "row group" not in line
