@@ -436,18 +436,46 @@ def run_ranks(config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress
         start_new_session=True,
     ) as proc:
         assert proc.stdout is not None
+        stopped: list[int] | None = None
         try:
             for line in proc.stdout:
                 line = line.rstrip()
                 tail.append(line)
                 progress(line)
+                if stopped is None and _GLOO_TIMEOUT.search(line):
+                    # A rank gave up waiting for a peer: look for one stopped on this host
+                    # now, before horovodrun ends them all.
+                    stopped = _stopped_ranks(proc.pid)
             returncode = proc.wait()
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM, a Prefect crash): no rank outlives this call.
             _stop(proc)
             raise
     if returncode != 0:
-        raise ShardflowError(_failure_message(returncode, list(tail)))
+        raise ShardflowError(_failure_message(returncode, list(tail), stopped or []))
+
+
+# Gloo's words when a collective waited for a peer longer than HOROVOD_GLOO_TIMEOUT_SECONDS.
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+
+
+def _stopped_ranks(horovodrun: int) -> list[int]:
+    """The ranks under ``horovodrun`` (on this host) that are stopped (SIGSTOP, a debugger)."""
+    import psutil
+
+    found = []
+    try:
+        children = psutil.Process(horovodrun).children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_STOPPED or "training.worker" not in child.cmdline():
+                continue
+            found.append(int(child.environ().get("HOROVOD_RANK", "-1")))
+        except (psutil.Error, ValueError):
+            continue
+    return sorted(r for r in found if r >= 0)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -476,12 +504,30 @@ def require_mpi() -> None:
         )
 
 
-def _failure_message(returncode: int, tail: list[str]) -> str:
-    """One line saying which rank failed and how, from horovodrun's last lines."""
+def _failure_message(returncode: int, tail: list[str], stopped: list[int]) -> str:
+    """One line saying which rank failed and how, from horovodrun's last lines; a rank that
+    only timed out waiting for a peer is not blamed: the peer (``stopped``, when one on this
+    host was found stopped) is."""
     text = "\n".join(tail)
     rank = re.search(r"Process name: (\S+)", text)
     code = re.search(r"Exit code: (-?\d+)", text)
     if rank and code:
+        name = rank.group(1)
+        own = [line for line in tail if line.startswith(f"[{name}]<")]
+        waited = next((m for line in own if (m := _GLOO_TIMEOUT.search(line))), None)
+        if waited is not None:
+            seconds = int(waited.group(1)) / 1000
+            who = (
+                f"rank {', '.join(map(str, stopped))} was stopped (SIGSTOP or a debugger) and "
+                "stopped answering"
+                if stopped
+                else "a rank stopped answering (stopped, hung, or cut off from the others)"
+            )
+            return (
+                f"training stopped: {who}; rank {name} gave up waiting for it after "
+                f"{seconds:.0f} s (HOROVOD_GLOO_TIMEOUT_SECONDS) and horovodrun stopped every "
+                "rank; rerun with --resume to continue from the last checkpoint"
+            )
         exit_code = int(code.group(1))
         how = f"exit code {exit_code}"
         if exit_code > 128 or exit_code < 0:
@@ -489,13 +535,24 @@ def _failure_message(returncode: int, tail: list[str]) -> str:
             with contextlib.suppress(ValueError):
                 how += f" ({signal.Signals(number).name})"
         # The rank's own last error line, when it printed one (a killed rank prints none).
-        errors = re.findall(
-            rf"\[{re.escape(rank.group(1))}\]<stderr>:\s*(\w+(?:Error|Exception): .*)", text
-        )
+        errors = [m.group(1) for line in own if (m := _ERROR_LINE.search(line))]
         cause = f" ({errors[-1].strip()[:200]})" if errors else ""
         return (
-            f"training stopped: rank {rank.group(1)} ended with {how}{cause} and horovodrun "
+            f"training stopped: rank {name} ended with {how}{cause} and horovodrun "
             "stopped the other ranks; rerun with --resume to continue from the last checkpoint"
         )
-    last = next((t for t in reversed(tail) if "Error" in t), tail[-1] if tail else "")
-    return f"horovodrun exited with {returncode}: {last.strip()}"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            killed = signal.Signals(-returncode).name
+            return (
+                f"horovodrun was killed ({killed}) by something other than shardflow, and its "
+                "ranks with it; rerun with --resume to continue from the last checkpoint"
+            )
+    errors = [m.group(1) for line in tail if (m := _ERROR_LINE.search(line))]
+    last = errors[-1] if errors else (tail[-1] if tail else "no output")
+    return f"horovodrun exited with {returncode}: {last.strip()[:200]}"
+
+
+# A Python exception's last line, as a rank prints it: "[0]<stderr>:ValueError: ..." (a
+# dotted class name too, "tensorflow....UnknownError: ...").
+_ERROR_LINE = re.compile(r"(?:^|:)\s*((?:\w+\.)*\w+(?:Error|Exception|Interrupt): .*)$")

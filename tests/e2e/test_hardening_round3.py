@@ -574,3 +574,72 @@ def test_every_row_quarantined_says_so_and_why(home: Path, tmp_path: Path) -> No
             "no training rows",
         )
         assert "row group" not in line
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 20: a stopped rank is the one blamed
+
+
+def test_a_stopped_rank_is_blamed_not_the_one_that_waited(processed_subset: Path) -> None:
+    """SIGSTOP of rank 1 mid-epoch: rank 0 times out in Gloo (5 s here) and horovodrun ends
+    the job; the line names rank 1 as stopped (before: rank 0, with no reason), and no rank
+    outlives the command."""
+    import signal
+
+    import psutil
+
+    from tests.e2e.test_training_failures import still_running, worker_ranks
+
+    command = start(
+        processed_subset,
+        *("train", "fashion-mnist", "--np", "2", "--epochs", "3", "--batch-size", "8"),
+        "--verbose",
+        HOROVOD_GLOO_TIMEOUT_SECONDS="5",
+    )
+    assert command.stderr is not None
+    lines = []
+    for line in command.stderr:
+        lines.append(line)
+        if "Epoch 1/3" in line:
+            break
+    ranks = worker_ranks(psutil.Process(command.pid))
+    assert len(ranks) == 2, "".join(lines)
+    rank_one = next(r for r in ranks if r.environ().get("HOROVOD_RANK") == "1")
+    started = psutil.Process(command.pid).children(recursive=True)
+    rank_one.send_signal(signal.SIGSTOP)
+    rest = command.stderr.read()
+    assert command.wait(timeout=240) == 1, rest[-3000:]
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("shardflow: error: training stopped: rank 1 was stopped"), last
+    assert "rank 0 gave up waiting for it after 5 s" in last
+    _gone, alive = psutil.wait_procs(started, timeout=60)
+    assert still_running(alive) == []
+
+
+def test_a_killed_horovodrun_is_said_so(processed_subset: Path) -> None:
+    """SIGKILL of horovodrun (the launcher of the ranks) mid-epoch: one line saying so, not
+    the last line it printed (a `warnings.warn(` line, before), and no rank outlives it."""
+    import signal
+
+    import psutil
+
+    from tests.e2e.test_training_failures import still_running
+
+    command = start(
+        processed_subset,
+        *("train", "fashion-mnist", "--np", "2", "--epochs", "3", "--batch-size", "8"),
+        "--verbose",
+    )
+    assert command.stderr is not None
+    for line in command.stderr:
+        if "Epoch 1/3" in line:
+            break
+    started = psutil.Process(command.pid).children(recursive=True)
+    launcher = next(p for p in started if "training.horovodrun" in p.cmdline())
+    launcher.send_signal(signal.SIGKILL)
+    rest = command.stderr.read()
+    assert command.wait(timeout=240) == 1, rest[-3000:]
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("shardflow: error: horovodrun was killed (SIGKILL)"), last
+    _gone, alive = psutil.wait_procs(started, timeout=60)
+    assert still_running(alive) == []
