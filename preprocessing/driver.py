@@ -551,8 +551,19 @@ def run_job(
             finally:
                 if work_root is None:
                     shutil.rmtree(work, ignore_errors=True)
+                else:
+                    # Kept for a rerun only when it holds work: a run refused before any
+                    # task wrote (a worker with other code) leaves nothing behind.
+                    _remove_if_empty(work)
         shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` and its empty subfolders when no file is under it."""
+    if not folder.is_dir() or any(p.is_file() for p in folder.rglob("*")):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _existing(catalog: Catalog, job: Job, progress: Progress) -> bool:
