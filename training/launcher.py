@@ -29,7 +29,7 @@ from data_catalog import Catalog, Manifest, derived_version, model_name, process
 from data_catalog.errors import ShardflowError
 from data_catalog.layout import ProcessedLayout
 from data_catalog.manifest import ParentRef
-from training import models
+from training import credentials, models
 from training.checkpoints import STEP_CHECKPOINT
 from training.config import LaunchConfig, TrainConfig, check_launch
 from training.fingerprint import model_code
@@ -423,18 +423,26 @@ def run_ranks(config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress
         *(sys.executable, "-m", "training.horovodrun", "--parent", str(os.getpid())),
         *horovodrun_command(config, launch, run_dir)[1:],
     ]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     progress("$ " + " ".join(command))
     tail: deque[str] = deque(maxlen=200)
-    with subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    ) as proc:
+    with (
+        # Secrets reach the ranks in a file of the run folder, never on a command line.
+        credentials.credentials_file(run_dir, os.environ) as secrets_file,
+        subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **os.environ,
+                **secrets_file,
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+                "PYTHONUNBUFFERED": "1",
+            },
+            start_new_session=True,
+        ) as proc,
+    ):
         assert proc.stdout is not None
         stopped: list[int] | None = None
         try:

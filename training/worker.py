@@ -149,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         sys.exit("usage: python -m training.worker CONFIG.json (started by horovodrun)")
+    from training import credentials
+
+    # First: a rank on another host has the object store's secrets only from this file.
+    credentials.load()
     run(WorkerConfig.load(args[0]))
 
 
