@@ -46,6 +46,10 @@ def dask_client(
     client_class = client_class or Client
     logging.getLogger("tornado.application").addFilter(_not_a_cancel_race)
     if config.scheduler is not None:
+        from data_catalog.deadlines import CONNECT
+
+        seconds = CONNECT.seconds()
+        progress(f"dask: connecting to scheduler {config.scheduler} (up to {seconds:g} s)")
         with _quiet_when_lost(), _reached(config.scheduler, client_class) as client:
             _relay_task_progress(client, progress)
             progress(f"dask: using scheduler {config.scheduler}, dashboard {client.dashboard_link}")
@@ -400,4 +404,4 @@ def dask_runner(
 ) -> Iterator[Runner]:
     """A :class:`Runner` on the cluster ``config`` describes, for as long as the block runs."""
     with dask_client(config, progress, client_class=client_class, env=env) as client:
-        yield Runner(client, submit=submit)
+        yield Runner(client, submit=submit, progress=progress)

@@ -210,10 +210,15 @@ class Runner:
     """
 
     def __init__(
-        self, client: Any, *, submit: Callable[[Any, TaskSpec, str], Any] = plain_submit
+        self,
+        client: Any,
+        *,
+        submit: Callable[[Any, TaskSpec, str], Any] = plain_submit,
+        progress: Progress = lambda _msg: None,
     ) -> None:
         self.client = client
         self._submit = submit
+        self._progress = progress
         self._window: int | None = None
         self._window_at = 0.0
 
@@ -288,7 +293,7 @@ class Runner:
         # client's event loop, instead of one round trip per task after this loop hears of it.
         in_flight = as_completed(with_results=True)
         index_of: dict[str, int] = {}
-        watch = _WorkerWatch(self.client)
+        watch = _WorkerWatch(self.client, self._progress)
 
         def submit_next() -> bool:
             following = next(pending, None)
@@ -356,8 +361,9 @@ class _WorkerWatch:
 
     EVERY_SECONDS = 2.0
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, progress: Progress) -> None:
         self.client = client
+        self.progress = progress
         self.asked = time.monotonic()
         self.none_since: float | None = None
 
@@ -372,7 +378,12 @@ class _WorkerWatch:
         if workers:
             self.none_since = None
             return
-        self.none_since = self.none_since or now
+        if self.none_since is None:
+            self.none_since = now
+            self.progress(
+                f"dask: the scheduler {_address(self.client)} has no worker; waiting up to "
+                f"{deadlines.WORKERS.seconds():g} s for one ({deadlines.WORKERS.variable})"
+            )
         if now - self.none_since >= deadlines.WORKERS.seconds():
             raise deadlines.exceeded(
                 f"no Dask worker: the scheduler {_address(self.client)}",

@@ -643,3 +643,20 @@ def test_a_killed_horovodrun_is_said_so(processed_subset: Path) -> None:
     assert last.startswith("shardflow: error: horovodrun was killed (SIGKILL)"), last
     _gone, alive = psutil.wait_procs(started, timeout=60)
     assert still_running(alive) == []
+
+
+def test_waiting_for_a_worker_is_said_with_verbose(
+    processed_subset: Path, scheduler: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    """Item 6: "nothing even with -v" while it waited; now the wait is said, then the error."""
+    address, _proc = scheduler
+    result = run(
+        processed_subset,
+        *PREPROCESS_MANY,
+        *("--scheduler", address, "--verbose"),
+        timeout=120,
+        SHARDFLOW_DEADLINE_WORKERS="4",
+    )
+    assert result.returncode == 1
+    assert f"dask: the scheduler {address} has no worker; waiting up to 4 s" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("shardflow: error: no Dask worker")
