@@ -159,6 +159,13 @@ class Catalog:
             raise CatalogError(f"catalog {self.url} is not on a local filesystem; use .url")
         return self._root
 
+    def check(self) -> None:
+        """Refuse, before any work, a root the catalog cannot use: for a URL root, a bucket
+        that does not exist or credentials the store refuses (:meth:`ObjectStorage.check`);
+        a local root is made on first write."""
+        if self._store is not None:
+            self._store.check()
+
     @property
     def is_local(self) -> bool:
         """Whether the catalog is a local directory (else a URL through fsspec)."""

@@ -57,13 +57,31 @@ class IndexUnusable(CatalogError):
         # SQLAlchemy's own text spans lines (the SQL, a link); the driver's first line is enough.
         reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         self.corrupt = type(cause) is sqlite3.DatabaseError
-        # A read-only index is not fixed by rebuilding it (which writes it).
-        remedy = (
-            "point SHARDFLOW_HOME (or SHARDFLOW_CATALOG) at a writable filesystem"
-            if "readonly" in reason.replace("-", "").replace(" ", "").lower()
-            else "run `shardflow catalog reindex` to rebuild it from the manifests"
-        )
+        # A read-only index is not fixed by rebuilding it (which writes it), nor one that
+        # cannot be opened at all (a folder where the file should be).
+        database = _sqlite_path(url)
+        if database is not None and database.is_dir():
+            remedy = (
+                f"{database} is a directory: remove it, or point SHARDFLOW_CATALOG_URL at a file"
+            )
+        elif "readonly" in reason.replace("-", "").replace(" ", "").lower():
+            remedy = "point SHARDFLOW_HOME (or SHARDFLOW_CATALOG) at a writable filesystem"
+        elif "unable to open database file" in reason:
+            remedy = f"check that {database or url} can be created and written"
+        else:
+            remedy = "run `shardflow catalog reindex` to rebuild it from the manifests"
         super().__init__(f"the catalog index {_shown(url)} cannot be used ({reason}); {remedy}")
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; None for another database (or an in-memory one)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
 
 
 def _shown(url: str) -> str:
@@ -86,10 +104,28 @@ class Index:
     @property
     def engine(self) -> sa.Engine:
         if self._engine is None:
-            sqlite = sa.make_url(self.url).get_backend_name() == "sqlite"
+            try:
+                backend = sa.make_url(self.url).get_backend_name()
+            except sa.exc.ArgumentError as exc:
+                raise CatalogError(
+                    f"the catalog index URL {self.url!r} is not a database URL ({exc}); "
+                    "fix SHARDFLOW_CATALOG_URL (e.g. postgresql://user@host/db)"
+                ) from None
+            sqlite = backend == "sqlite"
             connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_S} if sqlite else {}
-            # NullPool: no connection outlives a call, so a forked worker never shares one.
-            self._engine = sa.create_engine(self.url, poolclass=NullPool, connect_args=connect_args)
+            try:
+                # NullPool: no connection outlives a call, so a forked worker never shares one.
+                self._engine = sa.create_engine(
+                    self.url, poolclass=NullPool, connect_args=connect_args
+                )
+            except ImportError as exc:  # the dialect's driver is not installed
+                raise CatalogError(
+                    f"the catalog index {_shown(self.url)} needs the {backend} database driver, "
+                    f"which is not installed ({exc}); install it (e.g. pip install pymysql, with "
+                    "a mysql+pymysql:// URL) or unset SHARDFLOW_CATALOG_URL"
+                ) from None
+            except sa.exc.SQLAlchemyError as exc:  # an unknown dialect, a bad argument
+                raise IndexUnusable(self.url, exc) from exc
         return self._engine
 
     @contextmanager

@@ -50,6 +50,16 @@ def object_key(sha256: str) -> str:
     return f"{OBJECTS}/{sha256[:2]}/{sha256}"
 
 
+def is_object_key(relative: str) -> bool:
+    """Whether ``relative`` is where :func:`object_key` puts some digest's bytes."""
+    sha = relative.rsplit("/", 1)[-1]
+    return (
+        len(sha) == 64
+        and all(c in "0123456789abcdef" for c in sha)
+        and (relative == f"{OBJECTS}/{sha[:2]}/{sha}")
+    )
+
+
 class Storage(Protocol):
     """What the catalog asks of the medium; paths are '/'-joined, relative to the root."""
 
@@ -229,6 +239,8 @@ class LocalStorage:
         folder = self.path(OBJECTS)
         for prefix in self.subdirectories(OBJECTS):
             for entry in os.scandir(folder / prefix):
+                if not is_object_key(f"{OBJECTS}/{prefix}/{entry.name}"):
+                    continue  # not a name the catalog writes: never removed
                 if entry.is_file(follow_symlinks=False) and entry.stat().st_nlink == 1:
                     yield Path(entry.path)
 
@@ -243,8 +255,15 @@ class ObjectStorage:
         import fsspec
 
         self.url = url.rstrip("/")
+        protocol = self.url.split("://", 1)[0].lower()
+        if protocol in READ_ONLY_PROTOCOLS:
+            raise CatalogError(
+                f"catalog URL {self.url!r}: {protocol}:// is read-only to fsspec, and a catalog "
+                "is written to; use a path or an object store (s3://bucket/prefix, gs://...)"
+            )
+        options = bounded_options(protocol, storage_options)
         try:
-            fs, base = fsspec.url_to_fs(self.url, **dict(storage_options))
+            fs, base = fsspec.url_to_fs(self.url, **options)
         except ImportError as exc:
             raise CatalogError(
                 f"catalog {self.url} needs an fsspec filesystem that is not installed ({exc}); "
@@ -252,8 +271,72 @@ class ObjectStorage:
             ) from exc
         except ValueError as exc:  # fsspec: "Protocol not known"
             raise CatalogError(f"catalog URL {self.url!r} is not usable: {exc}") from exc
+        except Exception as exc:  # a filesystem that connects as it is made (ftp, hdfs)
+            raise CatalogError(
+                f"catalog {self.url} cannot be opened ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:200]}); check SHARDFLOW_CATALOG and that its "
+                "server is reachable"
+            ) from exc
         self.fs: Any = fs
         self.base: str = cast(str, base).rstrip("/")
+        self.protocol = protocol
+        if protocol in ("s3", "s3a") and not storage_options.get("config_kwargs"):
+            # s3fs retries each request 5 times around botocore's own attempts (a class
+            # attribute, no option); botocore's two attempts are enough.
+            self.fs.retries = 1
+
+    def check(self) -> None:
+        """Refuse, before any work, a store this catalog cannot use: a bucket that does not
+        exist, credentials it refuses (a CatalogError each); no credentials at all or a store
+        that does not answer raise the filesystem's own error (botocore's), bounded by the
+        ``connect`` and ``reply`` deadlines."""
+        self._fresh()
+        bucket = self.base.split("/", 1)[0]
+        where = bucket if self.protocol in BUCKET_PROTOCOLS else self.base
+        try:
+            if self.protocol in BUCKET_PROTOCOLS:
+                self._call("ls", bucket, detail=False)
+            else:
+                self._call("exists", self.base)
+        except FileNotFoundError:
+            raise CatalogError(
+                f"bucket {bucket!r} of catalog {self.url} does not exist (or these credentials "
+                "cannot see it): create it, or fix SHARDFLOW_CATALOG"
+            ) from None
+        except PermissionError as exc:
+            raise CatalogError(
+                f"the object store refuses these credentials for {self.url} ({where}: "
+                f"{' '.join(str(exc).split())[:200]}): check AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+            ) from None
+
+    # The slowest transfer a call's deadline allows for: a call moving N bytes may take the
+    # ``reply`` deadline plus N at this rate.
+    MIN_BYTES_PER_SECOND = 1 << 20
+
+    def _call(self, method: str, *args: Any, size: int = 0, **kwargs: Any) -> Any:
+        """``self.fs.<method>(*args, **kwargs)``, within the ``reply`` deadline (plus ``size``
+        bytes at :data:`MIN_BYTES_PER_SECOND`) on an asynchronous filesystem (s3fs, gcsfs):
+        their clients' own timeouts leave waits unbounded (an S3 PUT whose server stopped
+        answering hung past 297 s). Past it, a DeadlineExceeded naming the store."""
+        from fsspec.asyn import AsyncFileSystem
+        from fsspec.exceptions import FSTimeoutError
+
+        from data_catalog import deadlines
+
+        call = getattr(self.fs, method)
+        if not isinstance(self.fs, AsyncFileSystem):
+            return call(*args, **kwargs)
+        limit = deadlines.REPLY.seconds() + size / self.MIN_BYTES_PER_SECOND
+        try:
+            return call(*args, timeout=limit, **kwargs)
+        except FSTimeoutError:
+            raise deadlines.exceeded(
+                f"the object store of catalog {self.url} ({method} {args[0]})",
+                deadlines.REPLY,
+                "check that it is up and reachable, then rerun: finished work is kept",
+                seconds=limit,
+            ) from None
 
     def path(self, relative: str) -> str:
         """The filesystem path (no protocol) of ``relative``."""
@@ -269,15 +352,15 @@ class ObjectStorage:
 
     def exists(self, relative: str) -> bool:
         self._fresh()
-        return bool(self.fs.exists(self.path(relative)))
+        return bool(self._call("exists", self.path(relative)))
 
     def read_text(self, relative: str) -> str:
-        return cast(bytes, self.fs.cat_file(self.path(relative))).decode("utf-8")
+        return cast(bytes, self._call("cat_file", self.path(relative))).decode("utf-8")
 
     def subdirectories(self, relative: str) -> list[str]:
         self._fresh()
         try:
-            listing = self.fs.ls(self.path(relative), detail=True)
+            listing = self._call("ls", self.path(relative), detail=True)
         except FileNotFoundError:
             return []
         names = {
@@ -294,7 +377,7 @@ class ObjectStorage:
         self._fresh()
         prefix = self.path(relative).rstrip("/") + "/"
         try:
-            found = self.fs.find(self.path(relative), detail=True)
+            found = self._call("find", self.path(relative), detail=True)
         except FileNotFoundError:
             return {}
         return {
@@ -306,7 +389,7 @@ class ObjectStorage:
     def size(self, relative: str) -> int | None:
         self._fresh()
         try:
-            return int(self.fs.info(self.path(relative))["size"])
+            return int(self._call("info", self.path(relative))["size"])
         except FileNotFoundError:
             return None
 
@@ -329,11 +412,11 @@ class ObjectStorage:
         return int(metadata.num_rows), int(metadata.num_row_groups)
 
     def upload(self, local: Path, relative: str) -> None:
-        self.fs.put_file(str(local), self.path(relative))
+        self._call("put_file", str(local), self.path(relative), size=local.stat().st_size)
 
     def copy(self, source: str, relative: str) -> None:
         """A copy of the object ``source`` at ``relative`` (server-side where the store can)."""
-        self.fs.copy(self.path(source), self.path(relative))
+        self._call("copy", self.path(source), self.path(relative))
 
     def create(self, relative: str, data: bytes) -> bool:
         """Write ``data`` to ``relative`` in one PUT unless it exists; False if it existed.
@@ -344,7 +427,7 @@ class ObjectStorage:
         """
         path = self.path(relative)
         try:
-            self.fs.pipe_file(path, data, mode="create")
+            self._call("pipe_file", path, data, mode="create", size=len(data))
         except FileExistsError:
             return False
         except (NotImplementedError, TypeError, ValueError, OSError) as exc:
@@ -353,7 +436,7 @@ class ObjectStorage:
                 raise
             if self.exists(relative):
                 return False
-            self.fs.pipe_file(path, data)
+            self._call("pipe_file", path, data, size=len(data))
         self._fresh()
         return True
 
@@ -392,11 +475,35 @@ class ObjectStorage:
         return {f"{OBJECTS}/{name}": info for name, info in self._found(OBJECTS).items()}
 
     def remove(self, relative: str) -> None:
-        self.fs.rm_file(self.path(relative))
+        self._call("rm_file", self.path(relative))
 
     def remove_tree(self, relative: str) -> None:
-        self.fs.rm(self.path(relative), recursive=True)
+        self._call("rm", self.path(relative), recursive=True)
         self._fresh()
+
+
+# fsspec filesystems that only read: no catalog can live there.
+READ_ONLY_PROTOCOLS = frozenset({"http", "https", "zip", "tar", "github", "git"})
+# Stores whose first path component is a bucket (or container) that must exist.
+BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oci"})
+
+
+def bounded_options(protocol: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage_options`` with limits on how long a request to an S3 store may wait, where the
+    caller set none: a store that stops answering mid-commit is an error naming it, not a hang
+    (botocore's defaults waited 60 s per read, 5 attempts, each retried 5 times by s3fs: the
+    store's instance also tries each request once, :meth:`ObjectStorage.__init__`)."""
+    options = dict(storage_options)
+    if protocol not in ("s3", "s3a"):
+        return options
+    from data_catalog import deadlines
+
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", deadlines.CONNECT.seconds())
+    config.setdefault("read_timeout", deadlines.REPLY.seconds())
+    config.setdefault("retries", {"max_attempts": 2, "mode": "standard"})
+    options["config_kwargs"] = config
+    return options
 
 
 def file_digest(path: Path) -> tuple[int, str]:

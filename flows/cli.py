@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(argv: Sequence[str] | None) -> int:
+    from flows import failures
     from flows.console import Context
     from flows.logs import route_library_logs
     from flows.options import flag_for
@@ -151,12 +152,6 @@ def _run_command(argv: Sequence[str] | None) -> int:
             raise
         print(f"shardflow: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        # The machine refused: a full disk, a read-only or missing folder, no permission.
-        if args.debug or exc.errno not in _USER_FIXABLE:
-            raise
-        print(f"shardflow: error: {_describe_os_error(exc)}", file=sys.stderr)
-        return 1
     except Exception as exc:
         if args.debug:
             raise
@@ -165,6 +160,15 @@ def _run_command(argv: Sequence[str] | None) -> int:
             # KeyboardInterrupt into a PydanticSerializationError while Prefect serialised a
             # flow parameter): the command was interrupted, not broken.
             return 130
+        environmental = failures.describe(exc)
+        if environmental is not None:
+            # A server that refuses or stops answering, no credentials: not a bug.
+            print(f"shardflow: error: {environmental}", file=sys.stderr)
+            return 1
+        if isinstance(exc, OSError) and exc.errno in _USER_FIXABLE:
+            # The machine refused: a full disk, a read-only or missing folder, no permission.
+            print(f"shardflow: error: {_describe_os_error(exc)}", file=sys.stderr)
+            return 1
         message = str(exc).splitlines()[0] if str(exc) else ""
         print(
             f"shardflow: internal error: {type(exc).__name__}: {message} "

@@ -28,6 +28,23 @@ def whole_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
 
 
+def count(text: str) -> int:
+    """A number of things to do: 1 or more (a benchmark of 0 rounds or steps has nothing to
+    measure)."""
+    number = whole_number(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {text!r}")
+    return number
+
+
+def port_number(text: str) -> int:
+    """A TCP port a server can listen on: 1 to 65535 (0 would be any port, unknown to print)."""
+    port = whole_number(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return port
+
+
 def finite_number(text: str) -> float:
     try:
         value = float(text)

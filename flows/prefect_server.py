@@ -54,13 +54,36 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, timeout: float = 5) -> bool:
     import httpx
 
     try:
-        return httpx.get(f"{url}/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
+        return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
+    except (httpx.HTTPError, httpx.InvalidURL):
         return False
+
+
+def _check_configured(url: str) -> None:
+    """Refuse, before any work, a ``PREFECT_API_URL`` whose server does not answer /health
+    within the ``connect`` deadline (a listener that never answers held `run` for minutes:
+    Prefect's client waits 60 s per request, and retries)."""
+    from data_catalog import deadlines
+
+    seconds = deadlines.CONNECT.seconds()
+    started = time.monotonic()
+    if _healthy(url, timeout=seconds):
+        return
+    if time.monotonic() - started >= seconds:
+        raise deadlines.exceeded(
+            f"the Prefect API at {url} (PREFECT_API_URL)",
+            deadlines.CONNECT,
+            "start that server (shardflow server), or unset PREFECT_API_URL to run on a "
+            "temporary local one",
+        )
+    raise ShardflowError(
+        f"the Prefect API at {url} (PREFECT_API_URL) does not answer /health: start that "
+        "server (shardflow server), or unset PREFECT_API_URL to run on a temporary local one"
+    )
 
 
 def _send_what_prefect_holds() -> None:
@@ -87,6 +110,7 @@ def api_for_this_command(
     """
     configured = os.environ.get("PREFECT_API_URL")
     if configured:
+        _check_configured(configured.rstrip("/"))
         yield configured
         return
     spec = importlib.util.find_spec("prefect")

@@ -67,6 +67,17 @@ class Settings:
         return self.home / "work"
 
     def catalog(self) -> Catalog:
+        """The catalog, checked usable before any work (a bucket that is missing, credentials
+        the store refuses); a ``memory://`` catalog, which would vanish when the command ends,
+        is refused."""
         from data_catalog import Catalog
 
-        return Catalog(self.catalog_root, index_url=self.catalog_index_url)
+        root = self.catalog_root
+        if root.split("://", 1)[0].lower() == "memory" and "://" in root:
+            raise ShardflowError(
+                f"SHARDFLOW_CATALOG {root!r} lives in this process's memory and would vanish "
+                "when the command ends: use a path or an object store (s3://bucket/prefix)"
+            )
+        catalog = Catalog(root, index_url=self.catalog_index_url)
+        catalog.check()
+        return catalog

@@ -15,6 +15,7 @@ client class and a ``submit`` that makes every task a task run).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -45,11 +46,11 @@ def dask_client(
     client_class = client_class or Client
     logging.getLogger("tornado.application").addFilter(_not_a_cancel_race)
     if config.scheduler is not None:
-        try:
-            client = client_class(config.scheduler, timeout="10s")
-        except OSError as exc:
-            raise ShardflowError(f"cannot reach Dask scheduler {config.scheduler}: {exc}") from exc
-        with client:
+        from data_catalog.deadlines import CONNECT
+
+        seconds = CONNECT.seconds()
+        progress(f"dask: connecting to scheduler {config.scheduler} (up to {seconds:g} s)")
+        with _quiet_when_lost(), _reached(config.scheduler, client_class) as client:
             _relay_task_progress(client, progress)
             progress(f"dask: using scheduler {config.scheduler}, dashboard {client.dashboard_link}")
             yield client
@@ -93,6 +94,59 @@ def dask_client(
                 raise
     finally:
         distributed_log.setLevel(level)
+
+
+@contextmanager
+def _reached(address: str, client_class: Any) -> Iterator[Any]:
+    """A client of the scheduler at ``address``, connected within the ``connect`` deadline.
+
+    Dask's own ``timeout`` bounds the TCP connection, not the handshake after it: a listener
+    that accepts and never answers (or answers HTTP) held the command for minutes, silent."""
+    from data_catalog import deadlines
+
+    seconds = deadlines.CONNECT.seconds()
+
+    def connect() -> Any:
+        return client_class(address, timeout=f"{seconds}s")
+
+    try:
+        client = deadlines.call_within(
+            connect,
+            deadlines.CONNECT,
+            f"the Dask scheduler at {address}",
+            "check that a Dask scheduler (not another server) listens there",
+        )
+    except OSError as exc:
+        raise ShardflowError(f"cannot reach Dask scheduler {address}: {exc}") from exc
+    except (MemoryError, ValueError, TypeError, KeyError, AssertionError) as exc:
+        # Another protocol's reply read as Dask's frames: an HTTP server's bytes as a length.
+        raise ShardflowError(
+            f"{address} did not answer as a Dask scheduler ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:120]}): check --scheduler (tcp://HOST:8786)"
+        ) from exc
+    with client:
+        yield client
+
+
+@contextmanager
+def _quiet_when_lost() -> Iterator[None]:
+    """On a scheduler of its own, a lost connection is the command's error, said in one line
+    (:class:`preprocessing.driver.SchedulerLost`): the client's reconnect attempts, logged with
+    their tracebacks as they happen, stay off the terminal (36 lines before)."""
+    client_log = logging.getLogger("distributed.client")
+    client_log.addFilter(_not_a_reconnect)
+    try:
+        yield
+    finally:
+        client_log.removeFilter(_not_a_reconnect)
+
+
+def _not_a_reconnect(record: logging.LogRecord) -> bool:
+    if "reconnect" in record.getMessage().lower():
+        return False
+    # distributed.utils.log_errors around Client._reconnect logs what ended it, message-less.
+    exc = record.exc_info[1] if record.exc_info else None
+    return exc is None or not isinstance(exc, OSError | asyncio.CancelledError)
 
 
 @contextmanager
@@ -350,4 +404,4 @@ def dask_runner(
 ) -> Iterator[Runner]:
     """A :class:`Runner` on the cluster ``config`` describes, for as long as the block runs."""
     with dask_client(config, progress, client_class=client_class, env=env) as client:
-        yield Runner(client, submit=submit)
+        yield Runner(client, submit=submit, progress=progress)

@@ -102,17 +102,26 @@ class Dataset:
     """The ingest job of a request (lists the source; reads no data)."""
     plan: Callable[[Catalog, Manifest, JobOptions], Job]
     """The preprocessing job of a raw version."""
+    reads: Callable[[Job], set[str]]
+    """Where the raw files are that a planned preprocessing job's tasks read (catalog URLs):
+    each is verified against the raw manifest before any is used."""
     synth: Callable[[SynthRequest], list[Path]]
 
-    def plan_preprocessing(self, catalog: Catalog, options: JobOptions) -> Job:
-        """The job that processes the latest raw version of this dataset (reads manifests
-        only); ``options.format`` None means this dataset's default."""
-        raw = catalog.get(self.name)
-        if raw.kind != "raw":
-            raise ShardflowError(f"{self.name}@{raw.version} is {raw.kind}, expected a raw version")
+    def plan_preprocessing(
+        self, catalog: Catalog, options: JobOptions, raw: Manifest | None = None
+    ) -> Job:
+        """The job that processes ``raw`` (default: the latest raw version of this dataset;
+        reads manifests only); ``options.format`` None means this dataset's default."""
+        raw = raw or self.latest_raw(catalog)
         return self.plan(
             catalog, raw, replace(options, format=options.format or self.default_format)
         )
+
+    def latest_raw(self, catalog: Catalog) -> Manifest:
+        raw = catalog.get(self.name)
+        if raw.kind != "raw":
+            raise ShardflowError(f"{self.name}@{raw.version} is {raw.kind}, expected a raw version")
+        return raw
 
     def ingest(
         self,
@@ -155,9 +164,19 @@ class Dataset:
         Returns the existing version, doing no work, when the same raw version was already
         processed with the same parameters and code.
         """
+        from preprocessing import input_check
+
+        raw = self.latest_raw(catalog)
+        try:
+            job = self.plan_preprocessing(catalog, options, raw)
+        except (OSError, ValueError):
+            # A raw file the planner read (an SDSS Parquet footer) did not parse: damage is
+            # named as such, any other failure keeps its own message.
+            input_check.refuse_if_damaged(catalog, raw)
+            raise
         return run_job(
             catalog,
-            self.plan_preprocessing(catalog, options),
+            input_check.verified(catalog, raw, job, self.reads(job)),
             runner=runner,
             work_root=work_root,
             progress=progress,
@@ -220,6 +239,22 @@ def _plan_sdss(catalog: Catalog, raw: Manifest, options: JobOptions) -> Job:
     from preprocessing.sdss import plan_sdss_job
 
     return plan_sdss_job(catalog, raw, options)
+
+
+def _images_read(job: Job) -> set[str]:
+    from preprocessing.images import ImageJob
+
+    assert isinstance(job, ImageJob)
+    return {path for part in job.parts for path in part.paths}
+
+
+def _sdss_read(job: Job) -> set[str]:
+    """The raw files of the pieces the job scans: an earlier version's pieces are not read."""
+    from preprocessing.sdss import SdssJob
+
+    assert isinstance(job, SdssJob)
+    kept = {str(record["key"]) for record in job.kept("scan", {})}
+    return {piece.path for piece in job.pieces if piece.key not in kept}
 
 
 # --- synth -----------------------------------------------------------------------------------
@@ -289,6 +324,7 @@ DATASETS: dict[str, Dataset] = {
         source_help=_IDX_SOURCE + " (default: the upstream mirrors, digests checked)",
         plan_ingest=_ingest_idx("mnist"),
         plan=_plan_images,
+        reads=_images_read,
         synth=_synth_idx("mnist", None),
     ),
     "fashion-mnist": Dataset(
@@ -300,6 +336,7 @@ DATASETS: dict[str, Dataset] = {
         + f" (default: Debian's dataset-fashion-mnist in {DEBIAN_FASHION_MNIST}, else upstream)",
         plan_ingest=_ingest_idx("fashion-mnist"),
         plan=_plan_images,
+        reads=_images_read,
         synth=_synth_idx("fashion-mnist", DEBIAN_FASHION_MNIST),
     ),
     "cifar10": Dataset(
@@ -313,6 +350,7 @@ DATASETS: dict[str, Dataset] = {
         source_help="a directory of binary or python batches, a .tar.gz, or its URL (required)",
         plan_ingest=_ingest_cifar10,
         plan=_plan_images,
+        reads=_images_read,
         synth=_synth_cifar10,
     ),
     "sdss": Dataset(
@@ -324,6 +362,7 @@ DATASETS: dict[str, Dataset] = {
         "SkyServer is queried",
         plan_ingest=_ingest_sdss,
         plan=_plan_sdss,
+        reads=_sdss_read,
         synth=_synth_sdss,
     ),
 }

@@ -210,10 +210,15 @@ class Runner:
     """
 
     def __init__(
-        self, client: Any, *, submit: Callable[[Any, TaskSpec, str], Any] = plain_submit
+        self,
+        client: Any,
+        *,
+        submit: Callable[[Any, TaskSpec, str], Any] = plain_submit,
+        progress: Progress = lambda _msg: None,
     ) -> None:
         self.client = client
         self._submit = submit
+        self._progress = progress
         self._window: int | None = None
         self._window_at = 0.0
 
@@ -257,8 +262,24 @@ class Runner:
 
         A worker that dies mid-task loses nothing: the scheduler runs its task again
         elsewhere, and tasks write whole-or-absent files. The first task that fails stops the
-        run: the others in flight are cancelled and its error is raised.
+        run: the others in flight are cancelled and its error is raised. A scheduler lost
+        meanwhile is a :class:`SchedulerLost`; one left without workers for the ``workers``
+        deadline, a :class:`~data_catalog.deadlines.DeadlineExceeded`.
         """
+        try:
+            return self._run(tasks, run_key=run_key, on_done=on_done)
+        except Exception as exc:
+            if not _scheduler_lost(exc) and self.client.status in ("running", "newly-created"):
+                raise
+            raise SchedulerLost(
+                f"lost the Dask scheduler {_address(self.client)} mid-run "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); check that it is "
+                "running, then rerun: finished tasks are kept"
+            ) from exc
+
+    def _run(
+        self, tasks: Sequence[TaskSpec], *, run_key: str, on_done: Callable[[int, Result], None]
+    ) -> list[Result]:
         from distributed import as_completed
 
         expected = self._check_code(tasks)
@@ -272,6 +293,7 @@ class Runner:
         # client's event loop, instead of one round trip per task after this loop hears of it.
         in_flight = as_completed(with_results=True)
         index_of: dict[str, int] = {}
+        watch = _WorkerWatch(self.client, self._progress)
 
         def submit_next() -> bool:
             following = next(pending, None)
@@ -290,21 +312,84 @@ class Runner:
             if not submit_next():
                 break
         try:
-            for future, result in in_flight:
-                index = index_of.pop(future.key)
-                if future.status != "finished":
-                    future.result()  # raises as the task ended: cancelled, lost, ...
-                results[index] = result
-                on_done(index, result)
+            while not in_flight.is_empty():
+                batch = in_flight.next_batch(block=False)
+                if not batch:
+                    watch.check()  # a scheduler left without workers says so, in time
+                    with in_flight.thread_condition:  # notified as each task finishes
+                        in_flight.thread_condition.wait(timeout=self.POLL_SECONDS)
+                    continue
+                for future, result in batch:
+                    index = index_of.pop(future.key)
+                    if future.status != "finished":
+                        future.result()  # raises as the task ended: cancelled, lost, ...
+                    results[index] = result
+                    on_done(index, result)
                 # Refill to the window as it is now: workers may have joined or left.
                 while in_flight.count() < self.window() and submit_next():
                     pass
-        except BaseException:
+        except BaseException as exc:
             futures = list(in_flight.futures)
             in_flight.clear()
-            self.client.cancel(futures)
+            if not _scheduler_lost(exc):
+                self.client.cancel(futures)
             raise
         return [r for r in results if r is not None]
+
+    # The longest the loop sleeps while no task finishes (as_completed's own iteration: 0.1 s).
+    POLL_SECONDS = 0.1
+
+
+class SchedulerLost(ShardflowError):
+    """The Dask scheduler went away while tasks ran."""
+
+
+def _scheduler_lost(exc: BaseException) -> bool:
+    return getattr(exc, "reason", None) == "scheduler-connection-lost"
+
+
+def _address(client: Any) -> str:
+    try:
+        return str(client.scheduler.address)
+    except AttributeError:
+        return "(unknown address)"
+
+
+class _WorkerWatch:
+    """Asks the scheduler, every few seconds while tasks wait, how many workers it has; none
+    for longer than the ``workers`` deadline is an error naming the scheduler."""
+
+    EVERY_SECONDS = 2.0
+
+    def __init__(self, client: Any, progress: Progress) -> None:
+        self.client = client
+        self.progress = progress
+        self.asked = time.monotonic()
+        self.none_since: float | None = None
+
+    def check(self) -> None:
+        from data_catalog import deadlines
+
+        now = time.monotonic()
+        if now - self.asked < self.EVERY_SECONDS:
+            return
+        self.asked = now
+        workers = self.client.scheduler_info().get("workers", {})
+        if workers:
+            self.none_since = None
+            return
+        if self.none_since is None:
+            self.none_since = now
+            self.progress(
+                f"dask: the scheduler {_address(self.client)} has no worker; waiting up to "
+                f"{deadlines.WORKERS.seconds():g} s for one ({deadlines.WORKERS.variable})"
+            )
+        if now - self.none_since >= deadlines.WORKERS.seconds():
+            raise deadlines.exceeded(
+                f"no Dask worker: the scheduler {_address(self.client)}",
+                deadlines.WORKERS,
+                "start workers for it (`dask worker ADDRESS`), or run without --scheduler",
+            )
 
 
 class SerialRunner:
@@ -477,8 +562,19 @@ def run_job(
             finally:
                 if work_root is None:
                     shutil.rmtree(work, ignore_errors=True)
+                else:
+                    # Kept for a rerun only when it holds work: a run refused before any
+                    # task wrote (a worker with other code) leaves nothing behind.
+                    _remove_if_empty(work)
         shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` and its empty subfolders when no file is under it."""
+    if not folder.is_dir() or any(p.is_file() for p in folder.rglob("*")):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _existing(catalog: Catalog, job: Job, progress: Progress) -> bool:

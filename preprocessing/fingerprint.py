@@ -34,6 +34,7 @@ ORCHESTRATION = (
     "preprocessing.verify_processed",
     "preprocessing.work_gc",
     "preprocessing.fingerprint",
+    "preprocessing.input_check",
     "preprocessing.sources.task_progress",
 )
 # What writes or encodes the bytes: Parquet and Arrow IPC (pyarrow), arrays (numpy), the

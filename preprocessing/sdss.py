@@ -559,10 +559,33 @@ class SdssJob:
                 if self._kept_record(p) is None
             ]
         if pass_name == "duplicates":
+            self._refuse_no_training_rows(done["scan"])
             return self._duplicate_tasks(done["scan"], work)
         if pass_name == "rescan":
             return self._rescan_tasks(done, work)
         return self._write_tasks(done, work)
+
+    def _refuse_no_training_rows(self, scans: Sequence[Result]) -> None:
+        """A raw version none of whose rows can train (all quarantined, say for class values
+        of another spelling) is refused here, saying so with the counts and the reasons."""
+        if sum(int(r["split_rows"]["train"]) for r in scans) > 0:
+            return
+        rows = sum(int(r["rows_in"]) for r in scans)
+        quarantined = sum(int(r["quarantined"]) for r in scans)
+        reasons: dict[str, int] = {}
+        for scan in scans:
+            for reason, count in scan["reasons"].items():
+                reasons[reason] = reasons.get(reason, 0) + int(count)
+        known = f" (expected {' / '.join(schemas.SDSS_CLASSES)})"
+        why = ", ".join(
+            f"{count:,} {reason}" + (known if "class" in reason else "")
+            for reason, count in sorted(reasons.items(), key=lambda item: -item[1])[:3]
+        )
+        raise ShardflowError(
+            f"{self.raw.name}@{self.raw.version}: {quarantined:,} of {rows:,} rows were "
+            f"quarantined ({why}), which leaves no training rows; fix the source and ingest "
+            "again (docs/preprocessing.md, 'SDSS rows that cannot be used')"
+        )
 
     def _keys_file(self, scan: Result) -> str:
         if scan.get("earlier"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import time
 from datetime import timedelta
@@ -28,21 +29,34 @@ LOCKS = ".locks"
 DOWNLOADS = "downloads"
 """The download cache under work/ (preprocessing.datasets keeps it there for every ingest)."""
 DEFAULT_MIN_AGE = timedelta(hours=1)
+# What the driver names a job's folder: "<dataset>[-<what>]-<16 hex digits>" (Job.work_key).
+JOB_FOLDER = re.compile(r"[a-z0-9][a-z0-9_-]{0,127}-[0-9a-f]{16}")
 
 
 def remove_unused_work(work_root: Path, *, min_age: timedelta = DEFAULT_MIN_AGE) -> list[Path]:
     """Remove the job folders of ``work_root`` that no live run holds and in which nothing
-    changed for ``min_age``, and the download cache's stale entries; returns what it removed."""
-    if not work_root.is_dir():
+    changed for ``min_age``, and the download cache's stale entries; returns what it removed.
+
+    Only what the driver makes is removed: a folder named as a job's (:data:`JOB_FOLDER`)
+    whose lock file the driver created before it. Nothing is followed through a symlink
+    (``work_root`` itself, ``downloads/``, ``.locks/`` or a job's folder): what a link points
+    at is not shardflow's."""
+    if work_root.is_symlink() or not work_root.is_dir():
+        return []
+    locks = work_root / LOCKS
+    if locks.is_symlink():
         return []
     removed: list[Path] = []
     for folder in sorted(work_root.iterdir()):
-        if folder.name in (LOCKS, DOWNLOADS) or not folder.is_dir() or folder.is_symlink():
+        if JOB_FOLDER.fullmatch(folder.name) is None or folder.is_symlink():
             continue
-        if _remove_if_unused(work_root / LOCKS / f"{folder.name}.lock", folder, min_age):
+        lock_path = locks / f"{folder.name}.lock"
+        if not folder.is_dir() or lock_path.is_symlink() or not lock_path.is_file():
+            continue
+        if _remove_if_unused(lock_path, folder, min_age):
             removed.append(folder)
     downloads = work_root / DOWNLOADS
-    if downloads.is_dir():
+    if downloads.is_dir() and not downloads.is_symlink():
         removed += sweep_cache(downloads, min_age=min_age)
     return removed
 
@@ -50,7 +64,6 @@ def remove_unused_work(work_root: Path, *, min_age: timedelta = DEFAULT_MIN_AGE)
 def _remove_if_unused(lock_path: Path, folder: Path, min_age: timedelta) -> bool:
     """Remove ``folder`` while holding its job's lock, if no one holds it and the folder is
     older than ``min_age``."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -51,6 +51,10 @@ def _check_choices(config: object, choices: dict[str, tuple[str, ...]]) -> None:
             raise ConfigError(name, f"must be one of {', '.join(known)}, got {value!r}")
 
 
+# The largest seed every rank can set (keras.utils.set_random_seed seeds NumPy with it).
+MAX_SEED = 2**32 - 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """What training computes: every field is part of the model version's identity."""
@@ -109,6 +113,12 @@ class TrainConfig:
                 "average_every": 1,
             },
         )
+        if self.seed > MAX_SEED:
+            raise ConfigError(
+                "seed",
+                f"must be at most {MAX_SEED} (NumPy's and TensorFlow's global seeds are 32-bit), "
+                f"got {self.seed}",
+            )
         rate = self.learning_rate
         if (
             not isinstance(rate, int | float)

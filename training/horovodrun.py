@@ -1,5 +1,5 @@
 """horovodrun as the launcher runs it: ``python -m training.horovodrun --parent PID ARGS...``
-is ``horovodrun ARGS...`` with two changes, both for things Horovod 0.28.1 offers no option for.
+is ``horovodrun ARGS...`` with three changes, all for things Horovod 0.28.1 offers no option for.
 
 - **It dies with its parent.** horovodrun keeps running, and its ranks keep training, when the
   process that started it is killed (SIGKILL leaves no chance to stop it). Here it asks Linux
@@ -11,6 +11,10 @@ is ``horovodrun ARGS...`` with two changes, both for things Horovod 0.28.1 offer
   ``-H localhost:N``. Here it binds the address horovodrun gives the ranks
   (``HOROVOD_GLOO_RENDEZVOUS_ADDR``, ``network.get_driver_ip`` of the chosen interfaces):
   127.0.0.1 when every host is local, the chosen interface's address otherwise.
+- **No secret on a command line.** horovodrun spells its whole environment on each rank's
+  command line (``env K=V ... python``, through ssh for a remote host), where any user of
+  either host can read it; the variables that hold secrets are left out
+  (:mod:`training.credentials`: the ranks read them from a file of the run folder).
 
 What else listens during a run, and why it is left as it is: docs/training.md.
 """
@@ -81,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # First, before the slow imports: the parent may be killed while they run.
     die_with_parent(int(args[1]))
     bind_rendezvous_to_driver_address()
+    from training.credentials import withhold_from_command_lines
+
+    withhold_from_command_lines()
     from horovod.runner.launch import run_commandline
 
     sys.argv = ["horovodrun", *args[2:]]

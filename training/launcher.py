@@ -27,7 +27,9 @@ from typing import Any
 
 from data_catalog import Catalog, Manifest, derived_version, model_name, processed_name
 from data_catalog.errors import ShardflowError
-from training import models
+from data_catalog.layout import ProcessedLayout
+from data_catalog.manifest import ParentRef
+from training import credentials, models
 from training.checkpoints import STEP_CHECKPOINT
 from training.config import LaunchConfig, TrainConfig, check_launch
 from training.fingerprint import model_code
@@ -157,6 +159,70 @@ def train(
     if remote:
         progress(f"hosts {', '.join(remote)}: reachable by ssh, same code")
     run_dir = runs_dir / f"{name}-{version}"
+    # One run per run folder at a time: a second run of the same model version waits, then
+    # finds it committed (or, after a failed first run, trains in the folder it left).
+    with _one_run_at_a_time(runs_dir, run_dir, progress):
+        if catalog.exists(name, version):
+            progress(f"{name}@{version} was committed by the run we waited for")
+            manifest = catalog.get(name, version)
+            return manifest, dict(manifest.statistics)
+        return _train_in(
+            catalog,
+            run_dir,
+            config=config,
+            launch=launch,
+            processed=processed,
+            layout=layout,
+            steps=steps,
+            name=name,
+            parents=parents,
+            progress=progress,
+        )
+
+
+RUN_LOCKS = ".locks"
+"""Under the runs folder: ``<run folder name>.lock``, flock held by the live run of it."""
+
+
+@contextlib.contextmanager
+def _one_run_at_a_time(runs_dir: Path, run_dir: Path, progress: Progress) -> Iterator[None]:
+    """Hold the run folder's lock for the block; wait (saying so) while another run holds it.
+    The lock file lives beside the run folders, never in one: a run clears its folder."""
+    import fcntl
+
+    locks = runs_dir / RUN_LOCKS
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{run_dir.name}.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another run training in {run_dir} to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _train_in(
+    catalog: Catalog,
+    run_dir: Path,
+    *,
+    config: TrainConfig,
+    launch: LaunchConfig,
+    processed: Manifest,
+    layout: ProcessedLayout,
+    steps: int,
+    name: str,
+    parents: list[ParentRef],
+    progress: Progress,
+) -> tuple[Manifest, dict[str, Any]]:
+    """Launch the ranks in ``run_dir`` (holding its lock) and commit the model they wrote."""
+    from training.input import InputSpec
+
+    spec = InputSpec.of(layout)
+    runs_dir = run_dir.parent
+    parameters = config.parameters()
     train_url = str(as_url(_split_location(catalog, processed, "train") or ""))
     _prepare_run_dir(runs_dir, name, run_dir, config, launch, train_url, progress)
     worker_config = WorkerConfig(
@@ -357,31 +423,67 @@ def run_ranks(config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress
         *(sys.executable, "-m", "training.horovodrun", "--parent", str(os.getpid())),
         *horovodrun_command(config, launch, run_dir)[1:],
     ]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     progress("$ " + " ".join(command))
     tail: deque[str] = deque(maxlen=200)
-    with subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    ) as proc:
+    with (
+        # Secrets reach the ranks in a file of the run folder, never on a command line.
+        credentials.credentials_file(run_dir, os.environ) as secrets_file,
+        subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **os.environ,
+                **secrets_file,
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+                "PYTHONUNBUFFERED": "1",
+            },
+            start_new_session=True,
+        ) as proc,
+    ):
         assert proc.stdout is not None
+        stopped: list[int] | None = None
         try:
             for line in proc.stdout:
                 line = line.rstrip()
                 tail.append(line)
                 progress(line)
+                if stopped is None and _GLOO_TIMEOUT.search(line):
+                    # A rank gave up waiting for a peer: look for one stopped on this host
+                    # now, before horovodrun ends them all.
+                    stopped = _stopped_ranks(proc.pid)
             returncode = proc.wait()
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM, a Prefect crash): no rank outlives this call.
             _stop(proc)
             raise
     if returncode != 0:
-        raise ShardflowError(_failure_message(returncode, list(tail)))
+        raise ShardflowError(_failure_message(returncode, list(tail), stopped or []))
+
+
+# Gloo's words when a collective waited for a peer longer than HOROVOD_GLOO_TIMEOUT_SECONDS.
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+
+
+def _stopped_ranks(horovodrun: int) -> list[int]:
+    """The ranks under ``horovodrun`` (on this host) that are stopped (SIGSTOP, a debugger)."""
+    import psutil
+
+    found = []
+    try:
+        children = psutil.Process(horovodrun).children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_STOPPED or "training.worker" not in child.cmdline():
+                continue
+            found.append(int(child.environ().get("HOROVOD_RANK", "-1")))
+        except (psutil.Error, ValueError):
+            continue
+    return sorted(r for r in found if r >= 0)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -410,12 +512,30 @@ def require_mpi() -> None:
         )
 
 
-def _failure_message(returncode: int, tail: list[str]) -> str:
-    """One line saying which rank failed and how, from horovodrun's last lines."""
+def _failure_message(returncode: int, tail: list[str], stopped: list[int]) -> str:
+    """One line saying which rank failed and how, from horovodrun's last lines; a rank that
+    only timed out waiting for a peer is not blamed: the peer (``stopped``, when one on this
+    host was found stopped) is."""
     text = "\n".join(tail)
     rank = re.search(r"Process name: (\S+)", text)
     code = re.search(r"Exit code: (-?\d+)", text)
     if rank and code:
+        name = rank.group(1)
+        own = [line for line in tail if line.startswith(f"[{name}]<")]
+        waited = next((m for line in own if (m := _GLOO_TIMEOUT.search(line))), None)
+        if waited is not None:
+            seconds = int(waited.group(1)) / 1000
+            who = (
+                f"rank {', '.join(map(str, stopped))} was stopped (SIGSTOP or a debugger) and "
+                "stopped answering"
+                if stopped
+                else "a rank stopped answering (stopped, hung, or cut off from the others)"
+            )
+            return (
+                f"training stopped: {who}; rank {name} gave up waiting for it after "
+                f"{seconds:.0f} s (HOROVOD_GLOO_TIMEOUT_SECONDS) and horovodrun stopped every "
+                "rank; rerun with --resume to continue from the last checkpoint"
+            )
         exit_code = int(code.group(1))
         how = f"exit code {exit_code}"
         if exit_code > 128 or exit_code < 0:
@@ -423,13 +543,24 @@ def _failure_message(returncode: int, tail: list[str]) -> str:
             with contextlib.suppress(ValueError):
                 how += f" ({signal.Signals(number).name})"
         # The rank's own last error line, when it printed one (a killed rank prints none).
-        errors = re.findall(
-            rf"\[{re.escape(rank.group(1))}\]<stderr>:\s*(\w+(?:Error|Exception): .*)", text
-        )
+        errors = [m.group(1) for line in own if (m := _ERROR_LINE.search(line))]
         cause = f" ({errors[-1].strip()[:200]})" if errors else ""
         return (
-            f"training stopped: rank {rank.group(1)} ended with {how}{cause} and horovodrun "
+            f"training stopped: rank {name} ended with {how}{cause} and horovodrun "
             "stopped the other ranks; rerun with --resume to continue from the last checkpoint"
         )
-    last = next((t for t in reversed(tail) if "Error" in t), tail[-1] if tail else "")
-    return f"horovodrun exited with {returncode}: {last.strip()}"
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            killed = signal.Signals(-returncode).name
+            return (
+                f"horovodrun was killed ({killed}) by something other than shardflow, and its "
+                "ranks with it; rerun with --resume to continue from the last checkpoint"
+            )
+    errors = [m.group(1) for line in tail if (m := _ERROR_LINE.search(line))]
+    last = errors[-1] if errors else (tail[-1] if tail else "no output")
+    return f"horovodrun exited with {returncode}: {last.strip()[:200]}"
+
+
+# A Python exception's last line, as a rank prints it: "[0]<stderr>:ValueError: ..." (a
+# dotted class name too, "tensorflow....UnknownError: ...").
+_ERROR_LINE = re.compile(r"(?:^|:)\s*((?:\w+\.)*\w+(?:Error|Exception|Interrupt): .*)$")

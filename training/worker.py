@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from training.pause_points import pause_point
 from training.rank.config import WorkerConfig
 from training.rank.run_dir import DIVERGED_NAME
 
@@ -70,6 +71,8 @@ def run(config: WorkerConfig) -> None:
     history, train_seconds = fit(
         built.model, parts, train_input, validation, config, start, verbose=verbose
     )
+    if world.rank == 0:
+        pause_point("trained")
     # Horovod: every rank's figures to every rank (collective: every rank gathers).
     measured = metrics.gather(built, parts, devices.model, history, train_seconds)
     # Horovod: the model, metrics and curves from rank 0 alone.
@@ -85,6 +88,7 @@ def run(config: WorkerConfig) -> None:
     for line in metrics.describe_input(results["input_by_rank"], results["input_summary"]):
         print(line, flush=True)
     if config.evaluate:
+        pause_point("evaluate")
         results |= metrics.evaluate(config, spec, built, run_dir)
     (run_dir / "metrics.json").write_text(json.dumps(results, indent=2))
     curves.plot_curves(results, run_dir / "curves.png")
@@ -145,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         sys.exit("usage: python -m training.worker CONFIG.json (started by horovodrun)")
+    from training import credentials
+
+    # First: a rank on another host has the object store's secrets only from this file.
+    credentials.load()
     run(WorkerConfig.load(args[0]))
 
 

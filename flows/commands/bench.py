@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from flows.console import Context
-from flows.options import whole_number
+from flows.options import count
 from preprocessing import datasets
 
 
@@ -132,26 +132,24 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "dataset", choices=datasets.NAMES, metavar="DATASET", help=", ".join(datasets.NAMES)
     )
     bench.add_argument(
-        "--steps", type=whole_number, help="steps timed per run (default: reader 300, scaling 100)"
+        "--steps", type=count, help="steps timed per run (default: reader 300, scaling 100)"
     )
     bench.add_argument(
-        "--batch-size", type=whole_number, help="per rank (default: reader 32, scaling 128)"
+        "--batch-size", type=count, help="per rank (default: reader 32, scaling 128)"
     )
     bench.add_argument(
-        "--epochs", type=whole_number, default=3, help="aggregation: epochs per run (default: 3)"
+        "--epochs", type=count, default=3, help="aggregation: epochs per run (default: 3)"
     )
     bench.add_argument(
         "--rows",
-        type=whole_number,
+        type=count,
         default=1_000_000,
         help="ingest: synthetic rows (default: 1000000)",
     )
-    bench.add_argument(
-        "--files", type=whole_number, default=8, help="ingest: CSV files (default: 8)"
-    )
+    bench.add_argument("--files", type=count, default=8, help="ingest: CSV files (default: 8)")
     bench.add_argument(
         "--rounds",
-        type=whole_number,
+        type=count,
         default=3,
         help="ingest, preprocess: alternated rounds of each side; the best of each is "
         "compared (default: 3)",

@@ -8,12 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from data_catalog.errors import ShardflowError
 from flows.console import Context, interrupt_handled
-from flows.options import whole_number
+from flows.options import port_number
 from flows.prefect_server import QUIET_SERVER_ENV, die_with_parent
 from preprocessing import datasets
 
@@ -44,40 +45,127 @@ def _prefect(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
 
 
 def cmd_server(ctx: Context, args: argparse.Namespace) -> int:
-    """Run a local Prefect server (API + UI) in the foreground until Ctrl-C or SIGTERM."""
-    url = f"http://{args.host}:{args.port}"
+    """Run a local Prefect server (API + UI) in the foreground until Ctrl-C or SIGTERM.
+
+    The address is checked first (a port in use, a host that is not this machine's: one line),
+    and where the server is is printed only once it answers ``/api/health``; its own output
+    goes to ``$SHARDFLOW_HOME/logs/prefect-server-<port>.log``."""
+    _check_address(args.host, args.port)
+    url = f"http://{_url_host(args.host)}:{args.port}"
     env = {
         **os.environ,
         "PREFECT_SERVER_ANALYTICS_ENABLED": QUIET_SERVER_ENV["PREFECT_SERVER_ANALYTICS_ENABLED"],
         # The UI asks this URL for its data; Prefect's default assumes port 4200.
         "PREFECT_UI_API_URL": f"{url}/api",
     }
-    print(
-        f"Prefect UI {url} ; in other shells: export PREFECT_API_URL={url}/api",
-        file=sys.stderr,
-        flush=True,
-    )
+    log_dir = ctx.settings.home / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"prefect-server-{args.port}.log"
     # Its own session: a Ctrl-C in the terminal reaches this command only, which stops the
     # server (SIGINT: uvicorn's graceful shutdown); SIGTERM to this command does the same
     # (flows.cli.main); a killed command takes the server with it (die_with_parent).
-    server = subprocess.Popen(
-        [PREFECT, "server", "start", "--host", args.host, "--port", str(args.port)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
+    with open(log_path, "ab") as log:
+        server = subprocess.Popen(
+            [PREFECT, "server", "start", "--host", args.host, "--port", str(args.port)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
     try:
+        _wait_until_it_answers(server, f"{_probe_url(args.host)}:{args.port}/api", log_path)
+        print(
+            f"Prefect UI {url} ; in other shells: export PREFECT_API_URL={url}/api "
+            f"(server log: {log_path})",
+            file=sys.stderr,
+            flush=True,
+        )
         return server.wait()
-    except KeyboardInterrupt:
-        server.send_signal(signal.SIGINT)
+    except BaseException as exc:
+        _stop(server)
+        if isinstance(exc, KeyboardInterrupt):
+            interrupt_handled()
+            return 0
+        raise
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is not None:
+        return
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def _check_address(host: str, port: int) -> None:
+    """Refuse in one line an address the server could not listen on: a host that is not an
+    address of this machine, a port in use (by another server) or reserved."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ShardflowError(f"--host {host!r} is not a host name or address ({exc})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        interrupt_handled()
-        return 0
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ShardflowError(
+                    f"port {port} on {host} is in use by another process (another server?): "
+                    "stop it, or choose another --port"
+                ) from None
+            if exc.errno == errno.EACCES:
+                raise ShardflowError(
+                    f"port {port} is reserved for root: choose --port 1024 or above"
+                ) from None
+            raise ShardflowError(
+                f"--host {host} is not an address of this machine ({exc.strerror}): give one "
+                "of its addresses, 127.0.0.1, or 0.0.0.0 for all"
+            ) from None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _probe_url(host: str) -> str:
+    """Where this machine reaches the server: a wildcard host is reached on loopback."""
+    local = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://{_url_host(local)}"
+
+
+def _wait_until_it_answers(server: subprocess.Popen[bytes], api: str, log_path: Path) -> None:
+    from flows.prefect_server import DEFAULT_STARTUP_SECONDS, _healthy
+
+    limit = float(
+        os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+        or DEFAULT_STARTUP_SECONDS
+    )
+    started = time.monotonic()
+    while not _healthy(api, timeout=5):
+        if server.poll() is not None:
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+            last = lines[-1].strip() if lines else "no output"
+            raise ShardflowError(
+                f"the Prefect server did not start (exit {server.returncode}: {last}); see "
+                f"{log_path}"
+            )
+        if time.monotonic() - started > limit:
+            raise ShardflowError(
+                f"the Prefect server did not answer {api}/health within {limit:.0f} s; see "
+                f"{log_path}"
+            )
+        time.sleep(0.5)
 
 
 # Where the nightly SDSS deployment finds its exports (deploy/prefect.yaml's placeholder).
@@ -141,7 +229,7 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         help="run a local Prefect server and UI (loopback, analytics off)",
     )
     server.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
-    server.add_argument("--port", type=whole_number, default=4200, help="default: 4200")
+    server.add_argument("--port", type=port_number, default=4200, help="1 to 65535; default: 4200")
     server.set_defaults(handler=cmd_server)
 
     deploy = commands.add_parser(

@@ -218,8 +218,46 @@ def _decode_batch(
     return labels, np.ascontiguousarray(images)
 
 
+_META_NAMES = frozenset(spec.meta for spec in FORMATS.values())
+_META_KEYS = frozenset({"label_names", "num_cases_per_batch", "num_vis"})
+
+
+def _check_meta(data: bytes, name: str, where: str) -> None:
+    """A meta file is what CIFAR-10 publishes, or refused: ``batches.meta.txt`` ten class names
+    as UTF-8 lines; ``batches.meta`` a pickle read with the restricted unpickler (one that would
+    run code on load is refused as it loads) holding a dict of ``label_names`` (ten texts) and
+    the counts ``num_cases_per_batch`` and ``num_vis``, nothing else."""
+    if name.endswith(".txt"):
+        try:
+            names = [line for line in data.decode("utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError:
+            raise SourceError(f"{where}: not UTF-8 text: no CIFAR-10 meta file") from None
+        if len(names) != len(CLASS_NAMES):
+            raise SourceError(f"{where}: {len(names)} class names, CIFAR-10 has 10")
+        return
+    meta = _unpickle(data, where)
+    if not isinstance(meta, dict):
+        raise SourceError(f"{where}: pickle holds a {type(meta).__name__}, not a CIFAR-10 dict")
+    fields = {(k.decode("latin-1") if isinstance(k, bytes) else k): v for k, v in meta.items()}
+    unexpected = [k for k in fields if k not in _META_KEYS]
+    if unexpected or len(fields) != len(meta):
+        raise SourceError(f"{where}: unexpected key {str(unexpected[:1])[1:-1]} in the meta dict")
+    label_names = fields.get("label_names")
+    if not isinstance(label_names, list) or len(label_names) != len(CLASS_NAMES):
+        raise SourceError(f"{where}: label_names is not a list of 10 class names")
+    if any(not isinstance(n, bytes | str) for n in label_names):
+        raise SourceError(f"{where}: label_names are not texts")
+    for key in ("num_cases_per_batch", "num_vis"):
+        if key in fields and type(fields[key]) is not int:
+            raise SourceError(f"{where}: {key} is not an integer")
+
+
 def _checked(data: bytes, name: str, where: str) -> Result:
-    """What the commit needs of a batch: its rows and its images per class."""
+    """What the commit needs of a batch: its rows and its images per class; of a meta file,
+    nothing (it is checked, :func:`_check_meta`)."""
+    if name in _META_NAMES:
+        _check_meta(data, name, where)
+        return {}
     labels, _images = _decode_batch(data, name, where)
     counts = np.bincount(labels, minlength=len(CLASS_NAMES)).tolist()
     return {"rows": int(labels.size), "class_counts": [int(c) for c in counts]}
@@ -451,7 +489,7 @@ def copy_task(path: str, name: str, out: str) -> Result:
             "file": name,
             "output": {"sha256": digest.hexdigest(), "bytes": len(data)},
         }
-        if name in _BATCH_NAMES:
+        if name in _BATCH_NAMES or name in _META_NAMES:
             result.update(_checked(data, name, path))
         os.replace(partial, target)  # checked first: a bad batch leaves nothing
     finally:
@@ -633,6 +671,8 @@ class Cifar10Job:
         extraction = done["extract"][0]
         folder = work / extraction["folder"]
         files = extraction["files"]
+        spec = FORMATS[extraction["format"]]
+        checked = [*spec.batches, *((spec.meta,) if spec.meta in files else ())]
         return [
             TaskSpec(
                 key=f"check-{name}",
@@ -640,7 +680,7 @@ class Cifar10Job:
                 args=(str(folder / name), f"{self.source}: {name}", files[name]["sha256"]),
                 bytes=int(files[name]["bytes"]),
             )
-            for name in FORMATS[extraction["format"]].batches
+            for name in checked
         ]
 
     def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
@@ -656,7 +696,7 @@ class Cifar10Job:
             fmt = extraction["format"]
             files = extraction["files"]
             paths = {name: work / extraction["folder"] / name for name in files}
-            checks = {r["file"]: r for r in done["check"]}
+            checks = {r["file"]: r for r in done["check"] if "rows" in r}
             archive_sha256 = extraction["archive"]["sha256"]
         spec = FORMATS[fmt]
         described: dict[str, FileEntry] = {}

@@ -5,7 +5,8 @@ url (a local path or any fsspec URL) ── read once, streaming; every byte rea
     │           pyarrow.csv on one thread with explicit types: ids uint64 (exact, never float),
     │           floats float64 (empty, nan, inf kept as NaN / inf), text string
     │  FITS     astropy memory-maps a local file (hashed on its own); a remote one is first
-    │           copied beside ``out``, hashed while copied
+    │           copied beside ``out``, hashed while copied; every table HDU, in order (all of
+    │           one schema, or refused naming the HDU that differs)
     │  VOTable  astropy parses the same hashing stream
     ▼
 <out>.<pid>-<token>.partial ── row groups of exactly 100,000 rows (the last smaller): the bytes
@@ -422,30 +423,72 @@ def _astropy_batches(
 
     try:
         if fmt == "fits":
-            table = Table.read(source, format="fits", memmap=True, character_as_bytes=False)
+            assert isinstance(source, Path)  # FITS is mapped by path (convert_export)
+            tables = _fits_tables(source, where)
         else:
-            table = Table.read(source, format="votable")
+            tables = [Table.read(source, format="votable")]
     except SourceError:
         raise
     except Exception as exc:  # astropy raises many kinds for a corrupt file
         raise SourceError(f"{where}: unreadable {fmt.upper()}: {_one_line(str(exc))}") from exc
-    mapping, schema = match_columns(list(table.colnames), where)
+    mapping, schema = match_columns(list(tables[0].colnames), where)
 
     def batches() -> Iterator[pa.RecordBatch]:
-        # FITS columns stay memory-mapped where astropy can: one row group converted at a time.
-        for start in range(0, len(table), ROW_GROUP_ROWS):
-            part = table[start : start + ROW_GROUP_ROWS]
-            columns = {}
-            for name, kind in schema.items():
-                try:
-                    columns[name] = table_column(part, mapping[name], kind, where)
-                except (UnicodeError, ValueError, TypeError) as exc:
-                    raise SourceError(
-                        f"{where}: column {mapping[name]}: {_one_line(str(exc))}"
-                    ) from exc
-            yield from _arrow_table(columns, schema).to_batches()
+        # FITS columns stay memory-mapped where astropy can: one row group converted at a time
+        # (the writer cuts row groups by count: the tables' boundaries do not show).
+        for table in tables:
+            yield from _table_batches(table, mapping, schema, where)
 
     return output_schema(schema), batches()
+
+
+def _fits_tables(source: Path, where: str) -> list[Any]:
+    """Every table HDU of a FITS file, in order (memory-mapped); a SourceError naming the HDU
+    whose columns differ from the first's: a file is one export of one schema."""
+    from astropy.io import fits
+    from astropy.table import Table
+
+    with fits.open(source, memmap=True) as hdul:
+        found = [
+            (number, hdu.name)
+            for number, hdu in enumerate(hdul)
+            if isinstance(hdu, fits.BinTableHDU | fits.TableHDU)
+        ]
+    if not found:
+        raise SourceError(f"{where}: no table HDU (BINTABLE or TABLE) in this FITS file")
+    tables = []
+    for number, _name in found:
+        tables.append(
+            Table.read(source, format="fits", hdu=number, memmap=True, character_as_bytes=False)
+        )
+    first = [(name, tables[0][name].dtype.kind) for name in tables[0].colnames]
+    for (number, name), table in zip(found[1:], tables[1:], strict=True):
+        columns = [(column, table[column].dtype.kind) for column in table.colnames]
+        if columns != first:
+            raise SourceError(
+                f"{where}: HDU {number} ({name or 'unnamed'}) has other columns than HDU "
+                f"{found[0][0]} ({', '.join(table.colnames[:5])}"
+                f"{', ...' if len(table.colnames) > 5 else ''}): a FITS export's tables must "
+                "share one schema; write each schema to a file of its own"
+            )
+    return tables
+
+
+def _table_batches(
+    table: Any, mapping: dict[str, str], schema: dict[str, str], where: str
+) -> Iterator[pa.RecordBatch]:
+    """One astropy table's rows as Arrow batches of at most a row group each."""
+    for start in range(0, len(table), ROW_GROUP_ROWS):
+        part = table[start : start + ROW_GROUP_ROWS]
+        columns = {}
+        for name, kind in schema.items():
+            try:
+                columns[name] = table_column(part, mapping[name], kind, where)
+            except (UnicodeError, ValueError, TypeError) as exc:
+                raise SourceError(
+                    f"{where}: column {mapping[name]}: {_one_line(str(exc))}"
+                ) from exc
+        yield from _arrow_table(columns, schema).to_batches()
 
 
 # ---------------------------------------------------------------------------------------------

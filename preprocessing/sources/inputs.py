@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import posixpath
+import unicodedata
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,10 @@ from typing import Any
 from preprocessing.sources.errors import SourceError
 
 _GLOB_CHARS = frozenset("*?[")
+# The longest stem a derived file name takes: with a number, a stamp and suffixes in front and
+# behind, it stays far below a filesystem's 255-byte name limit.
+STEM_BYTES = 100
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +43,19 @@ class InputFile:
 
     @property
     def stem(self) -> str:
-        return self.name.rsplit(".", 1)[0]
+        """The name without its suffix, as it goes into the names of files made from it (the
+        job's work files, the catalog's): control characters and "/" as "_", and at most
+        :data:`STEM_BYTES` bytes of UTF-8 (a longer stem: its start and a digest of the whole
+        name), so that a legal 255-byte source name never makes an illegal derived one."""
+        stem = "".join(
+            "_" if unicodedata.category(c).startswith("C") or c in "/\\" else c
+            for c in self.name.rsplit(".", 1)[0]
+        )
+        if len(stem.encode()) <= STEM_BYTES:
+            return stem
+        digest = hashlib.sha256(self.name.encode()).hexdigest()[:12]
+        start = stem.encode()[: STEM_BYTES - len(digest) - 1].decode(errors="ignore")
+        return f"{start}-{digest}"
 
 
 def _stamp(url: str, info: dict[str, Any]) -> str:
@@ -54,9 +72,11 @@ def _stamp(url: str, info: dict[str, Any]) -> str:
 def _local(source: str, accept: Callable[[str], bool], what: str) -> list[InputFile]:
     path = Path(source).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and accept(p.name))
+        every = sorted(p for p in path.iterdir() if p.is_file())
+        files = [p for p in every if accept(p.name)]
         if not files:
             raise SourceError(f"{source}: no {what} in this directory")
+        _note_skipped(source, [p.name for p in every if not accept(p.name)], what)
     else:
         files = sorted(Path(p) for p in glob.glob(str(path)) if Path(p).is_file())
         if not files:
@@ -111,12 +131,14 @@ def list_inputs(
     except OSError as exc:
         raise SourceError(f"{source}: cannot list: {exc}") from exc
     found = []
+    skipped = []
     for entry in entries:
         if entry.get("type") == "directory":
             continue
         url = fs.unstrip_protocol(entry["name"])
         name = posixpath.basename(urllib.parse.urlsplit(url).path.rstrip("/"))
         if not accept(name):
+            skipped.append(name)
             continue
         size = entry.get("size")
         found.append(
@@ -130,4 +152,21 @@ def list_inputs(
         )
     if not found:
         raise SourceError(f"{source}: no {what} there")
+    _note_skipped(source, skipped, what)
     return sorted(found, key=lambda f: f.name)
+
+
+def _note_skipped(source: str, names: list[str], what: str) -> None:
+    """Say which files of a source folder are left out, and why (a warning on the terminal):
+    a compressed export (``d.csv.gz``) or a stray file is never skipped unseen."""
+    if not names:
+        return
+    shown = ", ".join(repr(n) for n in sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+    log.warning(
+        "shardflow: warning: %s: skipping %d file(s) that are not %s (by suffix; compressed "
+        "files are not read): %s",
+        source,
+        len(names),
+        what,
+        shown,
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from preprocessing.shard_files import record_result, recorded_result
 from preprocessing.sources import idx, task_progress
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import fetch, forget
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 
@@ -129,18 +132,30 @@ def _join(base: str, stem: str) -> str:
 
 
 def _locate(fs: fsspec.AbstractFileSystem, base: str, stem: str) -> str | None:
-    """The URL of ``stem`` under ``base``: the ``.gz`` file if present, else the raw one."""
-    for candidate in (_join(base, stem) + ".gz", _join(base, stem)):
-        try:
-            # info, not exists: over HTTP fsspec's exists is a GET of the whole file, info a HEAD.
-            fs.info(candidate)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            # An HTTP server may answer a HEAD for a missing file with an error, not a 404.
-            continue
-        return candidate
-    return None
+    """The URL of ``stem`` under ``base``: the ``.gz`` file if present, else the raw one; with
+    both there, the ``.gz`` one, and a warning that says so (they may differ)."""
+    found = [c for c in (_join(base, stem) + ".gz", _join(base, stem)) if _exists(fs, c)]
+    if len(found) == 2:
+        log.warning(
+            "shardflow: warning: %s holds both %s.gz and %s: ingesting %s.gz (remove the one "
+            "you do not mean)",
+            base,
+            stem,
+            stem,
+            stem,
+        )
+    return found[0] if found else None
+
+
+def _exists(fs: fsspec.AbstractFileSystem, url: str) -> bool:
+    try:
+        # info, not exists: over HTTP fsspec's exists is a GET of the whole file, info a HEAD.
+        fs.info(url)
+    except OSError:
+        # FileNotFoundError; or an HTTP server answering a HEAD for a missing file with an
+        # error, not a 404.
+        return False
+    return True
 
 
 def _md5(path: Path, *, decompressed: bool) -> str:
@@ -223,12 +238,18 @@ def fetch_task(
         result = _checked_fetch(
             file, dest, Path(work), num_classes, expected_md5, md5_decompressed, max_side
         )
-    except ShardflowError:
+    except ShardflowError as exc:
         # Refused data: the next run fetches it again (its source may be fixed by then).
         dest.unlink(missing_ok=True)
         (Path(work) / file.stem).unlink(missing_ok=True)
         forget([file.url], cache=cache_dir)
-        raise
+        # The checks read the job's copies, which are gone now: name the user's file.
+        message = str(exc)
+        for copy in (str(dest), str(Path(work) / file.stem)):
+            message = message.replace(copy, file.uri.removeprefix("file://"))
+        if message == str(exc):
+            raise
+        raise type(exc)(message) from None
     result.update(sha256=digest, bytes=size)
     record_result(dest, result)
     return result

@@ -349,6 +349,9 @@ _BYTES_PER_ROW = 4096
 _REPLY_MARGIN = 1 << 20
 """Room for the header line, or for SkyServer's HTML error page."""
 _READ_CHUNK = 1 << 16
+# The slowest rate a reply may arrive at, past the reply deadline (a reply may take the
+# deadline plus its bytes at this rate).
+_SLOWEST_BYTES_PER_SECOND = 64 << 10
 _ATTEMPTS = 3
 # Statuses worth asking again: the server is busy, restarting or timed out on its side.
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
@@ -458,29 +461,63 @@ class _SkyServer:
         """One GET: (the reply's bytes, its charset); raises _Transient."""
         import requests
 
+        from data_catalog import deadlines
+
+        # The whole reply, first byte to last, within the reply deadline plus the time what
+        # arrived takes at _SLOWEST_BYTES_PER_SECOND: a server sending a byte every few
+        # seconds never trips a per-read timeout.
+        limit = deadlines.REPLY.seconds()
+        timeouts = (deadlines.CONNECT.seconds(), min(self.timeout, limit))
+        until = _Until(time.monotonic() + limit)
         try:
             with self.session.get(
-                self.url, params=payload, timeout=self.timeout, stream=True
+                self.url, params=payload, timeout=timeouts, stream=True
             ) as response:
                 status = response.status_code
                 if status != 200:
                     gist = _one_line(
-                        _read_capped(response, _REPLY_MARGIN, "", cut=True).decode(errors="replace")
+                        _read_capped(response, _REPLY_MARGIN, "", cut=True, until=until).decode(
+                            errors="replace"
+                        )
                     )
                     if status >= 500 or status in _TRANSIENT_STATUS:
                         raise _Transient(f"HTTP {status}: {gist}")
                     raise SourceError(f"{self.url}: HTTP {status}: {gist}")
                 body = _read_capped(
-                    response, cap, f"{self.url}: reply exceeds {cap:,} bytes {what}"
+                    response, cap, f"{self.url}: reply exceeds {cap:,} bytes {what}", until=until
                 )
                 return body, _charset(response.headers.get("Content-Type", ""))
+        except _Late:
+            raise _Transient(
+                f"the reply was not whole within {limit:.0f} s and arrived slower than "
+                f"{_SLOWEST_BYTES_PER_SECOND >> 10} KiB/s (the limit is {deadlines.REPLY.variable})"
+            ) from None
         except (requests.RequestException, OSError) as exc:
             raise _Transient(f"cannot query SkyServer: {_one_line(str(exc))}") from exc
 
 
-def _read_capped(response: Any, cap: int, refusal: str, *, cut: bool = False) -> bytes:
+class _Late(Exception):
+    """A reply still arriving when its time is up."""
+
+
+@dataclass(frozen=True)
+class _Until:
+    """When a reply must be whole: ``base`` (a ``time.monotonic()``: its start plus the reply
+    deadline) plus the time its bytes so far take at the slowest rate allowed."""
+
+    base: float
+
+    def passed(self, received: int) -> bool:
+        return time.monotonic() > self.base + received / _SLOWEST_BYTES_PER_SECOND
+
+
+def _read_capped(
+    response: Any, cap: int, refusal: str, *, cut: bool = False, until: _Until | None = None
+) -> bytes:
     """The body of a streamed ``requests`` response, read until ``cap`` bytes: past it,
-    refused with ``refusal`` (or, with ``cut``, cut there), never held whole first."""
+    refused with ``refusal`` (or, with ``cut``, cut there), never held whole first. Read as
+    it arrives (one socket read at a time), so that a reply still coming when ``until`` has
+    passed is :class:`_Late`."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise SourceError(f"{response.url}: reply is {encoding}-encoded though asked for plain")
@@ -488,12 +525,14 @@ def _read_capped(response: Any, cap: int, refusal: str, *, cut: bool = False) ->
     if not cut and length.isdigit() and int(length) > cap:
         raise SourceError(refusal)
     body = bytearray()
-    for chunk in response.iter_content(_READ_CHUNK):
+    while chunk := response.raw.read1(_READ_CHUNK):
         body += chunk
         if len(body) > cap:
             if cut:
                 return bytes(body[:cap])
             raise SourceError(refusal)
+        if until is not None and until.passed(len(body)):
+            raise _Late
     return bytes(body)
 
 

@@ -8,15 +8,22 @@ one Horovod rank on each of two more, started over ssh.
     w1, w2  rank 0, rank 1 ── S3 API ──▶  s3  moto server on its eth0 address
 
 Nothing reaches the store but over the bridge: the ranks read their row groups from it with
-the endpoint and credentials horovodrun forwards (it passes its whole environment on the
-ranks' command line; ssh passes none)."""
+the endpoint horovodrun forwards (it passes its environment on the ranks' command line; ssh
+passes none) and the secret key the ranks read from the run folder (training.credentials).
+
+The secret key is a marker: no process of any host shows it in its command line at any moment
+of the run (every /proc/*/cmdline sampled as it runs; the hosts share one process table), and
+no file under SHARDFLOW_HOME holds it once the run is over (issue #29, "Must show")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,6 +70,45 @@ def _start_s3(hosts: Hosts, log: Path) -> str:
     return endpoint
 
 
+@contextlib.contextmanager
+def _command_lines_watched(marker: bytes) -> Iterator[dict[str, Any]]:
+    """Every process's command line, read over and over while the block runs: the ones that
+    held ``marker`` (``found``, pid: command line) and how many were read (``seen``)."""
+    watched: dict[str, Any] = {"found": {}, "seen": set(), "passes": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                        line = f.read()
+                except OSError:
+                    continue
+                watched["seen"].add((entry.name, line[:200]))
+                if marker in line:
+                    shown = line.replace(b"\0", b" ").decode(errors="replace")
+                    watched["found"][entry.name] = shown
+            watched["passes"] += 1
+            stop.wait(0.02)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield watched
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def _files_holding(root: Path, marker: bytes) -> list[str]:
+    return sorted(
+        str(path) for path in root.rglob("*") if path.is_file() and marker in path.read_bytes()
+    )
+
+
 def _shardflow(host: Host, env: dict[str, str], *args: str) -> Any:
     """`shardflow ARGS --json` run in ``host``: its JSON result, once it exited 0."""
     done = host.run([str(BIN / "shardflow"), *args, "--json"], env=env, cwd=REPO, timeout=900)
@@ -78,9 +124,11 @@ def test_run_on_an_s3_catalog_trains_across_two_hosts(
     for name in ("w1", "w2"):
         hosts.wait_for_port(hosts["head"], hosts[name], SSH_PORT)
     home = tmp_path / "home"
+    marker = f"secret-marker-{secrets.token_hex(8)}"
     env = {
         **os.environ,
         **CREDENTIALS,
+        "AWS_SECRET_ACCESS_KEY": marker,
         "AWS_ENDPOINT_URL": endpoint,
         "SHARDFLOW_HOME": str(home),
         "SHARDFLOW_CATALOG": f"s3://{BUCKET}/catalog",
@@ -90,13 +138,21 @@ def test_run_on_an_s3_catalog_trains_across_two_hosts(
     }
 
     sent_before = {n: hosts[n].bytes_sent() for n in ("w1", "w2")}
-    result = _shardflow(
-        hosts["head"], env, "run", "fashion-mnist", "--source", str(fashion_subset),
-        "--workers", "1", "--np", "2", "--epochs", "1", "--batch-size", "32",
-        "--hosts", "w1:1,w2:1", "--network-interface", "eth0", "--ssh-port", str(ssh.port),
-        "--ssh-identity-file", str(ssh.identity), "--disable-cache",
-    )  # fmt: skip
+    with _command_lines_watched(marker.encode()) as watched:
+        result = _shardflow(
+            hosts["head"], env, "run", "fashion-mnist", "--source", str(fashion_subset),
+            "--workers", "1", "--np", "2", "--epochs", "1", "--batch-size", "32",
+            "--hosts", "w1:1,w2:1", "--network-interface", "eth0", "--ssh-port", str(ssh.port),
+            "--ssh-identity-file", str(ssh.identity), "--disable-cache",
+        )  # fmt: skip
     sent = {n: hosts[n].bytes_sent() - sent_before[n] for n in ("w1", "w2")}
+    # The secret in no command line, on any host, at any moment sampled; the watch saw the
+    # run's processes (the ranks' ssh sessions among them), so it was looking.
+    assert watched["found"] == {}, watched["found"]
+    seen = b" ".join(line for _pid, line in watched["seen"])
+    assert b"training.worker" in seen and b"ssh" in seen, watched["passes"]
+    print(f"\n{len(watched['seen'])} command lines read in {watched['passes']} passes")
+    assert _files_holding(home, marker.encode()) == []
     assert result["num_ranks"] == 2 and result["epochs"] == 1
     assert result["rows"] == 3_000 and result["test_rows"] == 1_000
     # One epoch on about 2,000 images: far above chance (0.1), whatever host read what.
@@ -108,6 +164,8 @@ def test_run_on_an_s3_catalog_trains_across_two_hosts(
     paths = sorted(f["path"] for f in model["files"])
     assert paths and all(p.startswith(f"s3://{BUCKET}/catalog/") for p in paths), paths
     assert "model.keras" in {f["file"] for f in model["files"]}, model["files"]
+    # model.keras, metrics.json, curves.png: content-addressed objects in the store.
+    assert len(paths) == 3 and all("/objects/" in p for p in paths), paths
     listed = _shardflow(hosts["head"], env, "catalog", "list")["datasets"]
     names = sorted(d["name"] for d in listed)
     assert names == ["fashion-mnist", "fashion-mnist-cnn", "fashion-mnist-processed"], names

@@ -182,3 +182,37 @@ def test_a_url_root_stores_a_shared_file_once_and_reuse_uploads_nothing(
         assert f.read() == BIG
     # Nothing is unreferenced: gc keeps every object, however old.
     assert catalog.gc(min_age=timedelta(0)) == []
+
+
+def test_gc_leaves_a_symlinked_staging_and_what_it_did_not_name(tmp_path: Path) -> None:
+    """Issue #29 item 3, the cases beside the one above: a symlinked `staging/` (to a folder
+    outside holding what looks like a dead writer's staging), a staging entry that is a link,
+    and files under `objects/` whose names are no object's: all left alone."""
+    root = tmp_path / "catalog"
+    catalog = Catalog(root)
+    commit(catalog, "ds", FILES)
+    outside = tmp_path / "outside"
+    dead = outside / "ds-0123456789abcdef"
+    dead.mkdir(parents=True)
+    (dead / "precious.txt").write_text("mine")
+    (root / "staging").rename(tmp_path / "old-staging")
+    (root / "staging").symlink_to(outside)
+    assert catalog.gc() == []
+    assert (dead / "precious.txt").read_text() == "mine"
+
+    (root / "staging").unlink()
+    (tmp_path / "old-staging").rename(root / "staging")
+    (root / "staging" / "ds-fedcba9876543210").symlink_to(dead)
+    (root / "staging" / "ds-fedcba9876543210.work").symlink_to(dead)
+    strays = [
+        root / "objects" / "ab" / "my-notes.txt",  # not a sha256
+        root / "objects" / "ab" / ("cd" + "0" * 62),  # a sha256 under another prefix
+        root / "objects" / "notes" / ("ab" + "0" * 62),  # not a prefix folder
+    ]
+    for stray in strays:
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_text("keep me")
+    assert catalog.gc() == []
+    assert (dead / "precious.txt").read_text() == "mine"
+    assert all(stray.read_text() == "keep me" for stray in strays)
+    assert catalog.verify() == []

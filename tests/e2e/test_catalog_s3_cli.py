@@ -120,3 +120,40 @@ def test_a_grown_source_on_s3_stores_only_what_is_new(
     assert 3 <= len(grown_processed - processed) <= 6
     assert len(processed - grown_processed) == 1  # the earlier record of the pieces
     assert shardflow("catalog", "verify", "--json").json["ok"] is True
+
+
+def test_a_raw_object_overwritten_in_s3_is_refused_by_preprocess(
+    shardflow: Callable[..., Result],
+    fashion_subset: Path,
+    endpoint: str,  # noqa: F811
+    bucket: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #29 item 1 on an object store: a raw object overwritten with other bytes is
+    named in one line, and no processed version appears."""
+    import boto3
+
+    for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SHARDFLOW_CATALOG", f"s3://{bucket}/catalog")
+    ingested = shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset), "--json")
+    assert ingested.returncode == 0, ingested.stderr[-2000:]
+    shown = shardflow("catalog", "show", "fashion-mnist", "--json").json
+    # The uncompressed copy of the training labels (8 header bytes, 2,000 labels): at its
+    # object, which is what "path" shows on an object store.
+    labels = next(f for f in shown["files"] if f["bytes"] == 8 + 2_000)
+    key = labels["path"].removeprefix(f"s3://{bucket}/")
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[-1] = (body[-1] + 1) % 10  # one label changed
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+
+    refused = shardflow("preprocess", "fashion-mnist", "--rank-multiple", "8", "--workers", "1")
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert refused.stderr.splitlines() == [
+        f"shardflow: error: fashion-mnist@{ingested.json['version']} is not what its manifest "
+        f"says: {labels['path']}: sha256 mismatch; nothing was preprocessed (see `shardflow "
+        f"catalog verify fashion-mnist@{ingested.json['version']}`)"
+    ]
+    listed = shardflow("catalog", "list", "--json").json["datasets"]
+    assert [d["name"] for d in listed] == ["fashion-mnist"]

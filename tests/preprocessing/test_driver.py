@@ -227,3 +227,42 @@ def test_a_given_scheduler_runs_the_tasks(tmp_path: Path) -> None:
         # The given scheduler ran the job's tasks (its task prefixes are the task keys').
         prefixes = set(remote.scheduler.task_prefixes)
         assert "count" in prefixes and any(p.startswith("sum") for p in prefixes)
+
+
+class _RefusingRunner:
+    """Refuses every task before running any, as a worker with other code is refused."""
+
+    def run(self, tasks: Sequence[TaskSpec], **_: Any) -> list[Result]:
+        from preprocessing.driver import CodeVersionError
+
+        raise CodeVersionError("tcp://127.0.0.1:1", "tests", "src-theirs", "src-mine")
+
+
+def test_a_refused_run_leaves_no_empty_work_folder(tmp_path: Path) -> None:
+    """Issue #29 item 23: the job's folder is kept for a rerun only when it holds work."""
+    from preprocessing.driver import CodeVersionError, job_dir
+
+    work_root = tmp_path / "work"
+    job = CountJob(size=3)
+    with pytest.raises(CodeVersionError):
+        run_job(
+            Catalog(tmp_path / "catalog"),
+            job,
+            runner=lambda: contextlib.nullcontext(_RefusingRunner()),  # type: ignore[arg-type]
+            work_root=work_root,
+        )
+    assert not job_dir(work_root, job).exists()
+
+    class CrashAfterOne:
+        def run(self, tasks: Sequence[TaskSpec], **_: Any) -> list[Result]:
+            tasks[0].fn(*tasks[0].args)
+            raise ShardflowError("stopped after one task")
+
+    with pytest.raises(ShardflowError, match="stopped after one task"):
+        run_job(
+            Catalog(tmp_path / "catalog"),
+            job,
+            runner=lambda: contextlib.nullcontext(CrashAfterOne()),  # type: ignore[arg-type]
+            work_root=work_root,
+        )
+    assert [p.name for p in job_dir(work_root, job).iterdir()] == ["count-000.json"]

@@ -124,3 +124,12 @@ def test_both_configs_are_frozen_and_keyword_only() -> None:
             cls(2)  # type: ignore[misc]
         with pytest.raises(dataclasses.FrozenInstanceError):
             cls().__setattr__("seed" if cls is TrainConfig else "resume", 1)
+
+
+def test_a_seed_no_rank_can_set_is_refused_here() -> None:
+    """Issue #29 item 18: 2**32 passed validation, then failed inside every rank."""
+    from data_catalog.errors import ConfigError
+
+    assert TrainConfig(seed=2**32 - 1).seed == 2**32 - 1
+    with pytest.raises(ConfigError, match="seed must be at most 4294967295"):
+        TrainConfig(seed=2**32)

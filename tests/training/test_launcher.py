@@ -188,3 +188,51 @@ def test_train_refuses_an_unresolved_model(tmp_path: Path) -> None:
             launch=LaunchConfig(),
             runs_dir=tmp_path,
         )
+
+
+# --- the one line of a failed run (issue #29 item 20) ----------------------------------------
+
+HOROVOD_END = [
+    "RuntimeError: Horovod detected that one or more processes exited with non-zero status, "
+    "thus causing the job to be terminated. The first process to do so was:",
+    "Process name: 0",
+    "Exit code: 1",
+]
+GLOO_TIMEOUT = (
+    "[0]<stderr>:[2026-11-26 09:47:36: E horovod/common/operations.cc:697] [0]: Horovod "
+    "background loop uncaught exception: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+    "waiting 30000ms for recv operation to complete"
+)
+
+
+def test_a_rank_that_timed_out_waiting_is_not_blamed() -> None:
+    from training.launcher import _failure_message
+
+    tail = [
+        GLOO_TIMEOUT,
+        "[0]<stderr>:tensorflow.python.framework.errors_impl.UnknownError: Graph execution error:",
+        *HOROVOD_END,
+    ]
+    blamed = _failure_message(1, tail, [1])
+    assert blamed.startswith("training stopped: rank 1 was stopped (SIGSTOP or a debugger)")
+    assert "rank 0 gave up waiting for it after 30 s" in blamed
+    unknown = _failure_message(1, tail, [])
+    assert unknown.startswith("training stopped: a rank stopped answering")
+    assert "rank 0 ended" not in blamed + unknown
+
+
+def test_a_killed_horovodrun_is_said_so_not_a_warning_line() -> None:
+    from training.launcher import _failure_message
+
+    tail = ["[1]<stderr>:  warnings.warn("]
+    message = _failure_message(-9, tail, [])
+    assert message.startswith("horovodrun was killed (SIGKILL)"), message
+    assert "warnings.warn" not in message
+
+
+def test_a_ranks_own_error_is_its_cause() -> None:
+    from training.launcher import _failure_message
+
+    tail = ["[0]<stderr>:Traceback (most recent call last):", "[0]<stderr>:KeyError: 'loss'"]
+    message = _failure_message(1, [*tail, *HOROVOD_END], [])
+    assert message.startswith("training stopped: rank 0 ended with exit code 1 (KeyError: 'loss')")

@@ -7,24 +7,34 @@ from typing import Any
 
 
 def plot_curves(metrics: dict[str, Any], path: Path) -> None:
-    """Loss and accuracy per epoch (averaged over ranks), with the test accuracy marked."""
+    """Loss and accuracy per epoch (averaged over ranks), with the test accuracy marked.
+
+    Only the epochs this run trained are in its history: a run resumed after its last epoch
+    (killed while it evaluated or committed) trained none, and its curves show the test
+    accuracy alone."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on cluster nodes
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    history = metrics["history"]
+    history: dict[str, list[float]] = metrics["history"]
     first = metrics["resumed_after_epoch"] + 1
-    epochs = list(range(first, first + len(history["loss"])))
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(10, 4))
-    loss_axes.plot(epochs, history["loss"], marker="o")
+    for axes, series in (
+        (loss_axes, (("loss", "training (all ranks)"), ("val_loss", "validation"))),
+        (accuracy_axes, (("accuracy", "training (all ranks)"), ("val_accuracy", "validation"))),
+    ):
+        for key, label in series:
+            values = history.get(key, [])
+            if values:
+                epochs = list(range(first, first + len(values)))
+                axes.plot(epochs, values, marker="o", label=label)
     loss_axes.set(title="training loss", xlabel="epoch", ylabel="loss")
-    accuracy_axes.plot(epochs, history["accuracy"], marker="o", label="training (all ranks)")
+    if not history.get("loss"):
+        loss_axes.set_title(f"training loss: no epoch trained after epoch {first - 1}")
     if "val_loss" in history:
-        loss_axes.plot(epochs, history["val_loss"], marker="o", label="validation")
         loss_axes.legend(loc="upper right")
-        accuracy_axes.plot(epochs, history["val_accuracy"], marker="o", label="validation")
     if "test_accuracy" in metrics:
         accuracy_axes.axhline(
             metrics["test_accuracy"],

@@ -74,7 +74,15 @@ def resume(model: Any, optimizer: Any, config: WorkerConfig, world: World) -> St
         start = StartPoint(initial_epoch=choice["done"])
         if world.rank == 0 and choice["weights"] is not None:
             model.load_weights(choice["weights"])
-            print(f"resuming after epoch {choice['done']} from {choice['weights']}", flush=True)
+            left = (
+                "nothing left to train"
+                if choice["done"] >= config.train.epochs
+                else f"{config.train.epochs - choice['done']} epoch(s) left"
+            )
+            print(
+                f"resuming after epoch {choice['done']} from {choice['weights']}: {left}",
+                flush=True,
+            )
     else:
         position = checkpoints.Position(**choice["position"])
         start = _from_step(model, position, config, world)
@@ -95,10 +103,14 @@ def _from_step(
     plan = checkpoints.plan_resume(
         position, num_ranks=world.num_ranks, batch_size=config.train.batch_size
     )
+    note = plan.note
+    if plan.epoch >= config.train.epochs:
+        # Killed after its last step (while it evaluated or committed): nothing to train.
+        note = f"resuming after the last epoch ({config.train.epochs}): nothing left to train"
     counters = None
     if world.rank == 0:
         counters = restore_step_checkpoint(model, checkpoints.load(step_file(config)))
-        print(plan.note, flush=True)
+        print(note, flush=True)
     # Horovod: rank 0's random counters to every rank, which keeps its own keys.
     counters = hvd_tf.broadcast_object(counters, root_rank=0)
     if counters:
@@ -119,5 +131,5 @@ def _from_step(
         partial=partial,
         partial_steps=partial_steps,
         step_offset=step_offset,
-        resumed_at={"epoch": plan.epoch + 1, "step": step_offset, "note": plan.note},
+        resumed_at={"epoch": plan.epoch + 1, "step": step_offset, "note": note},
     )

@@ -185,6 +185,43 @@ def test_hostile_pickle_is_refused(
     _no_version(catalog)
 
 
+@pytest.mark.parametrize("archived", [False, True])
+def test_a_hostile_meta_pickle_is_refused(
+    tmp_path: Path, real_images: tuple[NDArray[Any], NDArray[Any]], archived: bool
+) -> None:
+    """Issue #29 item 21: batches.meta was stored unchecked; now it is read with the batches'
+    restricted unpickler, whether the batches come as a folder or an archive."""
+    folder = write_python(tmp_path / "cifar-10-batches-py", *real_images)
+    (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": _Evil()}))
+    source = tar_of(folder, tmp_path / "py.tar.gz") if archived else folder
+    catalog = Catalog(tmp_path / "catalog")
+    with pytest.raises(SourceError, match=r"batches.meta: .*posix.system is not allowed"):
+        cifar10.ingest(catalog, source=str(source))
+    assert not Path("/tmp/shardflow-cifar10-pwned").exists()
+    _no_version(catalog)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needle"),
+    [
+        ("batches.meta", pickle.dumps([1, 2, 3]), "not a CIFAR-10 dict"),
+        ("batches.meta", pickle.dumps({b"label_names": [b"a"]}), "list of 10 class names"),
+        ("batches.meta", pickle.dumps({b"other": 1}), "unexpected key"),
+    ],
+)
+def test_a_meta_file_that_is_not_cifar10s_is_refused(
+    tmp_path: Path,
+    real_images: tuple[NDArray[Any], NDArray[Any]],
+    name: str,
+    content: bytes,
+    needle: str,
+) -> None:
+    folder = write_python(tmp_path / "cifar-10-batches-py", *real_images)
+    (folder / name).write_bytes(content)
+    with pytest.raises(SourceError, match=needle):
+        cifar10.ingest(Catalog(tmp_path / "catalog"), source=str(folder))
+
+
 def test_missing_batch_and_bad_sizes(
     tmp_path: Path, real_images: tuple[NDArray[Any], NDArray[Any]]
 ) -> None:

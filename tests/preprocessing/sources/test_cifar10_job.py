@@ -164,7 +164,7 @@ def test_a_local_cluster_commits_what_one_process_commits(source: Source, tmp_pa
     assert manifest.content_digest() == serial.content_digest()
     assert manifest.rows == 20
     assert [(p.pass_name, p.tasks_total) for p in seen if p.tasks_done == p.tasks_total] == (
-        [("copy", 7)] if job.archive is None else [("extract", 1), ("check", 6)]
+        [("copy", 7)] if job.archive is None else [("extract", 1), ("check", 7)]
     )
     assert not job_dir(tmp_path / "w2", job).exists()  # committed: the work folder is gone
     assert not list((tmp_path / "downloads").glob("*"))  # and the URL forgotten
@@ -226,7 +226,8 @@ def test_a_rerun_keeps_what_the_crashed_run_finished(source: Source, tmp_path: P
     clean = run_job(Catalog(tmp_path / "clean"), cifar10.plan_ingest(url), runner=serial_runner)
     catalog, work, cache = Catalog(tmp_path / "catalog"), tmp_path / "work", tmp_path / "cache"
     job = cifar10.plan_ingest(url, cache=cache)
-    # A directory: 3 of 7 files copied. An archive: extracted, 2 of 6 batches checked.
+    # A directory: 3 of 7 files copied. An archive: extracted, 2 of its 7 files (6 batches and
+    # the meta file) checked.
     with pytest.raises(Crashed):
         run_job(catalog, job, runner=lambda: nullcontext(CrashAfter(3)), work_root=work)
     assert catalog.names() == []
@@ -246,7 +247,8 @@ def test_a_rerun_keeps_what_the_crashed_run_finished(source: Source, tmp_path: P
         assert reused == ["copy"] * 3
     else:
         assert reused == ["extract", "check", "check"]
-    assert len(results) - len(reused) == 4  # the rest done now, once each
+    # The rest done now, once each (an archive's extraction and 7 checks, a folder's 7 copies).
+    assert len(results) - len(reused) == (4 if job.archive is None else 5)
     if source.served:
         assert source.served.gets == gets  # the archive is not fetched again
     assert manifest.version == clean.version

@@ -353,3 +353,38 @@ def test_csv_fuzz_raises_only_source_error(tmp_path: Path, body: str, header: bo
     else:
         assert result["output"]["rows"] == pq.ParquetFile(out).metadata.num_rows
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def _split_fits(source: Path, out: Path, *, extra: Table | None = None) -> Path:
+    """``source``'s rows over two BINTABLE HDUs of one schema (and ``extra`` as a third)."""
+    from astropy.io import fits
+
+    with fits.open(source) as hdul:
+        table = Table.read(hdul[1])
+    half = len(table) // 2
+    hdus = [fits.PrimaryHDU()]
+    hdus += [fits.table_to_hdu(table[:half]), fits.table_to_hdu(table[half:])]
+    if extra is not None:
+        hdus.append(fits.table_to_hdu(extra))
+    fits.HDUList(hdus).writeto(out)
+    return out
+
+
+def test_every_bintable_of_a_fits_export_is_read(
+    tmp_path: Path, synthetic: dict[str, Path]
+) -> None:
+    """Issue #29 item 2: 20,000 rows over two BINTABLE HDUs give the one-table file's bytes."""
+    split = _split_fits(synthetic["fits"], tmp_path / "split.fits")
+    whole = convert_export(str(synthetic["fits"]), str(tmp_path / "whole.parquet"))
+    halves = convert_export(str(split), str(tmp_path / "halves.parquet"))
+    assert halves["rows"] == 20_000
+    assert halves["output"] == whole["output"]
+
+
+def test_a_bintable_of_other_columns_is_refused_by_name(
+    tmp_path: Path, synthetic: dict[str, Path]
+) -> None:
+    other = Table({"ra": [1.0, 2.0], "dec": [3.0, 4.0]})
+    other.meta["EXTNAME"] = "NOTES"
+    split = _split_fits(synthetic["fits"], tmp_path / "mixed.fits", extra=other)
+    _refused(tmp_path, split, r"mixed\.fits: HDU 3 \(NOTES\) has other columns than HDU 1")
