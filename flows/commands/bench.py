@@ -1,5 +1,6 @@
-"""`shardflow bench preprocess | reader | scaling | aggregation DATASET`: ratios measured side
-by side in one run (docs/preprocessing.md, docs/training.md say how to read them)."""
+"""`shardflow bench ingest | preprocess | prefect | reader | scaling | aggregation DATASET`:
+ratios measured side by side in one run (docs/preprocessing.md, docs/training.md and
+docs/prefect.md say how to read them)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any],
     result = bench_preprocess(
         ctx.settings.catalog(),
         datasets.dataset(args.dataset),
-        rounds=args.rounds,
+        rounds=args.rounds or 3,
         progress=ctx.progress,
     )
     return result, [
@@ -46,12 +47,49 @@ def _ingest(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], lis
     from lab.bench.preprocessing import bench_ingest
 
     result = bench_ingest(
-        args.dataset, rows=args.rows, files=args.files, rounds=args.rounds, progress=ctx.progress
+        args.dataset,
+        rows=args.rows or 1_000_000,
+        files=args.files or 8,
+        rounds=args.rounds or 3,
+        progress=ctx.progress,
     )
     return result, [
         f"rows/s, shardflow ingest ({result['workers']} workers) ÷ pyarrow read_csv + "
         f"write_table: {result['ratio']:.3f}",
         *_side_lines(result),
+    ]
+
+
+def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from lab.bench.prefect import bench_prefect
+
+    quick = {"rows": 2_000, "files": 20, "rounds": 1, "epochs": 1}
+    given = {"rows": args.rows, "files": args.files, "rounds": args.rounds, "epochs": args.epochs}
+    sizes = {
+        name: value if value is not None else (quick[name] if args.quick else default)
+        for (name, value), default in zip(given.items(), (2_000_000, 2_000, 2, 1), strict=True)
+    }
+    result = bench_prefect(args.dataset, source=args.source, progress=ctx.progress, **sizes)
+    ratio, load = result["ratio"], result["load_average"]
+    run = result["prefect_database"]["per_flow_run"]
+    return result, [
+        f"flow ÷ plain, best round of each: wall {ratio['wall']:.3f}, CPU-seconds of all "
+        f"processes (the Prefect server's included) {ratio['cpu']:.3f}",
+        "best: "
+        + ", ".join(
+            f"{side} {result['seconds'][side]:.1f} s, {result['cpu_seconds'][side]:.1f} CPU-s"
+            for side in ("plain", "flow")
+        )
+        + f"; load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after",
+        *(
+            [
+                "one flow run in the Prefect database: "
+                + ", ".join(f"{v:,} {k}" for k, v in run.items() if k != "bytes")
+                + f"; {run['bytes'] / 1e6:.2f} MB"
+            ]
+            if run
+            else []
+        ),
     ]
 
 
@@ -62,7 +100,7 @@ def _aggregation(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any]
         ctx.settings.catalog(),
         args.dataset,
         runs_dir=ctx.settings.runs_dir,
-        epochs=args.epochs,
+        epochs=args.epochs or 3,
         progress=ctx.progress,
     )
     return result, ["ranks  passes/step  allreduce MB/epoch  test accuracy"] + [
@@ -103,6 +141,12 @@ BENCHMARKS = {
         "pyarrow's multithreaded read_csv + write_table of the same files",
     ),
     "preprocess": (_preprocess, "rows/s with 2 Dask workers ÷ a single-process baseline"),
+    "prefect": (
+        _prefect,
+        "wall and CPU seconds (the Prefect server's included) of the Prefect flow ÷ the plain "
+        "command against a Prefect server: sdss ingest of --files exports (default 2000 of "
+        "1000 rows), or the fashion-mnist pipeline (--epochs, default 1); --quick for a test",
+    ),
     "reader": (_reader, "streaming ÷ in-memory epoch time"),
     "scaling": (_scaling, "samples/s on 2 ranks ÷ 1 rank, one thread per rank"),
     "aggregation": (
@@ -138,22 +182,32 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--batch-size", type=whole_number, help="per rank (default: reader 32, scaling 128)"
     )
     bench.add_argument(
-        "--epochs", type=whole_number, default=3, help="aggregation: epochs per run (default: 3)"
+        "--epochs",
+        type=whole_number,
+        help="aggregation: epochs per run (default: 3); prefect fashion-mnist (default: 1)",
     )
     bench.add_argument(
         "--rows",
         type=whole_number,
-        default=1_000_000,
-        help="ingest: synthetic rows (default: 1000000)",
+        help="ingest, prefect sdss: synthetic rows (default: 1000000; prefect 2000000)",
     )
     bench.add_argument(
-        "--files", type=whole_number, default=8, help="ingest: CSV files (default: 8)"
+        "--files",
+        type=whole_number,
+        help="ingest, prefect sdss: CSV files (default: 8; prefect 2000)",
     )
     bench.add_argument(
         "--rounds",
         type=whole_number,
-        default=3,
-        help="ingest, preprocess: alternated rounds of each side; the best of each is "
-        "compared (default: 3)",
+        help="ingest, preprocess, prefect: alternated rounds of each side; the best of each is "
+        "compared (default: 3; prefect 2)",
+    )
+    bench.add_argument(
+        "--source", help="prefect fashion-mnist: the IDX files (default: the dataset's own)"
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="prefect: 20 sdss exports of 100 rows, one round of each side (for tests)",
     )
     bench.set_defaults(handler=cmd_bench)
