@@ -9,10 +9,10 @@
 
 Each side is measured as a user runs it, from outside: a fresh process, its wall seconds, the
 CPU seconds of it and of every process it waited for (``os.wait4``: its Dask workers,
-horovodrun's ranks), and for the flow side the Prefect server's CPU seconds from the start of
-the round until the server has recorded everything the run sent (its events are written a few
-seconds after the run ends). After each flow round the rows and bytes of the server's SQLite
-database are counted: what one run leaves behind. The machines are shared: each side's best
+horovodrun's ranks), and for the flow side the Prefect server's CPU seconds while it ran, plus
+what the server spent above its idle rate (measured first) until it had written everything the
+run sent (events are written in batches, seconds after they arrive). After each flow round the
+rows and bytes of the server's SQLite database are counted: what one run leaves behind. The machines are shared: each side's best
 round gives the ratios, and every round's figures and the load average are reported.
 
 The bench runs the product's commands (``shardflow``, ``python -c 'from flows.pipeline ...'``)
@@ -64,7 +64,8 @@ class Round:
     cpu_seconds: float
     """The side's process and every process it waited for."""
     server_cpu_seconds: float = 0.0
-    """The Prefect server's, from the start of the round until it recorded the run."""
+    """The Prefect server's while the side ran, and what it spent above its idle rate until
+    it had written everything the run sent."""
     load_average: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """When the round ended."""
     database: dict[str, int] = field(default_factory=dict)
@@ -123,6 +124,12 @@ class PrefectServer:
 
     def cpu_seconds(self) -> float:
         return _process_tree_cpu(self.process.pid)
+
+    def idle_cpu_rate(self, seconds: float = 30.0) -> float:
+        """CPU seconds per second the server spends on its own (its services' loops)."""
+        before, started = self.cpu_seconds(), time.monotonic()
+        time.sleep(seconds)
+        return (self.cpu_seconds() - before) / (time.monotonic() - started)
 
     def rows(self) -> dict[str, int]:
         """Rows of each of :data:`PREFECT_TABLES` and the database's bytes (with its WAL)."""
@@ -215,7 +222,9 @@ def _run(argv: Sequence[str], env: dict[str, str], log: Path) -> tuple[float, fl
     return seconds, usage.ru_utime + usage.ru_stime
 
 
-def _round(side: Side, scratch: Path, number: int, server: PrefectServer) -> Round:
+def _round(
+    side: Side, scratch: Path, number: int, server: PrefectServer, idle_rate: float
+) -> Round:
     home = scratch / f"home-{side.name}-{number}"
     env = {
         **os.environ,
@@ -232,14 +241,21 @@ def _round(side: Side, scratch: Path, number: int, server: PrefectServer) -> Rou
         took, used = _run(argv, env, scratch / f"{side.name}-{number}.log")
         seconds += took
         cpu += used
-    database = server.settled_rows() if side.needs_server else {}
-    server_cpu = server.cpu_seconds() - server_before if side.needs_server else 0.0
+    server_cpu = database_cpu = 0.0
+    database: dict[str, int] = {}
+    if side.needs_server:
+        ended, ended_at = server.cpu_seconds(), time.monotonic()
+        server_cpu = ended - server_before
+        database = server.settled_rows()
+        # After the run: what writing its events cost, not the server's idle loops.
+        settling = server.cpu_seconds() - ended
+        database_cpu = max(0.0, settling - idle_rate * (time.monotonic() - ended_at))
     shutil.rmtree(home, ignore_errors=True)
     return Round(
         side=side.name,
         seconds=seconds,
         cpu_seconds=cpu,
-        server_cpu_seconds=server_cpu,
+        server_cpu_seconds=server_cpu + database_cpu,
         load_average=os.getloadavg(),
         database=database,
     )
@@ -328,9 +344,11 @@ def bench_prefect(
         plain, flow = _sides(dataset, input_path, epochs=epochs)
         with prefect_server(scratch, progress) as server:
             empty = server.rows()
+            idle_rate = server.idle_cpu_rate()
+            progress(f"bench prefect: the idle server uses {idle_rate:.3f} CPU-s per second")
             for number, name in enumerate(_order(rounds)):
                 side = plain if name == "plain" else flow
-                measured.append(_round(side, scratch, number, server))
+                measured.append(_round(side, scratch, number, server, idle_rate))
                 r = measured[-1]
                 progress(
                     f"bench prefect: round {number + 1}, {r.side}: {r.seconds:.1f} s, "
@@ -338,6 +356,7 @@ def bench_prefect(
                     f"load {r.load_average[0]:.2f}"
                 )
     return _summary(dataset, measured, empty, load_before) | {
+        "server_idle_cpu_per_second": idle_rate,
         "rows": rows if dataset == "sdss" else None,
         "files": files if dataset == "sdss" else None,
         "epochs": epochs if dataset != "sdss" else None,
