@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from data_catalog.errors import ConfigError
 from flows.console import Context
 from flows.options import whole_number
 from preprocessing import datasets
@@ -72,6 +73,7 @@ def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
     result = bench_prefect(args.dataset, source=args.source, progress=ctx.progress, **sizes)
     ratio, load = result["ratio"], result["load_average"]
     run = result["prefect_database"]["per_flow_run"]
+    after, empty = result["prefect_database"]["after"], result["prefect_database"]["empty"]
     return result, [
         f"flow ÷ plain, best round of each: wall {ratio['wall']:.3f}, CPU-seconds of all "
         f"processes (the Prefect server's included) {ratio['cpu']:.3f}",
@@ -84,13 +86,52 @@ def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
         *(
             [
                 "one flow run in the Prefect database: "
-                + ", ".join(f"{v:,} {k}" for k, v in run.items() if k != "bytes")
-                + f"; {run['bytes'] / 1e6:.2f} MB"
+                + ", ".join(f"{v:,} {k}" for k, v in run.items() if not k.startswith("bytes"))
+                + f"; {run['bytes'] / 1e6:.2f} MB",
+                f"the Prefect database after {len(result['rounds']) // 2} flow runs: "
+                f"{after['bytes'] / 1e6:.2f} MB in use ({empty['bytes'] / 1e6:.2f} MB empty), "
+                f"{after['bytes_on_disk'] / 1e6:.2f} MB on disk",
             ]
             if run
             else []
         ),
     ]
+
+
+def _prefect_ui(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from pathlib import Path
+
+    from lab.bench.prefect_ui import bench_prefect_ui
+
+    if args.dataset != "sdss":
+        raise ConfigError("dataset", "bench prefect-ui runs the ingest of sdss exports: use sdss")
+    files = args.files or 20_000
+    result = bench_prefect_ui(
+        files=files,
+        rows=args.rows or 200 * files,
+        preprocess=args.preprocess,
+        screenshots=Path(args.screenshots or ctx.settings.home / "prefect-ui").resolve(),
+        progress=ctx.progress,
+    )
+    lines = []
+    for label, run in result["runs"].items():
+        db = run["database"]
+        lines.append(
+            f"{label}: {sum(run['dask_tasks'].values()):,} Dask tasks in "
+            f"{db['task_run']} task runs; {db['events']:,} events, {db['artifact']} artifact "
+            f"versions, {db['log']} log lines, {db['bytes'] / 1e6:.2f} MB of database"
+        )
+        for page, load in run["pages"].items():
+            usable = load["usable_seconds"]
+            lines.append(
+                f"  {page}: usable after "
+                + (f"{usable:.2f} s" if usable is not None else "never (120 s)")
+                + f", longest freeze {load['longest_task_ms']:.0f} ms, "
+                f"{load['received_bytes'] / 1e6:.1f} MB downloaded, JS heap "
+                f"{load['js_heap_bytes'] / 1e6:.0f} MB, browser "
+                f"{load['browser_pss_bytes'] / 1e6:.0f} MB (PSS)"
+            )
+    return result, lines
 
 
 def _aggregation(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -146,6 +187,12 @@ BENCHMARKS = {
         "wall and CPU seconds (the Prefect server's included) of the Prefect flow ÷ the plain "
         "command against a Prefect server: sdss ingest of --files exports (default 2000 of "
         "1000 rows), or the fashion-mnist pipeline (--epochs, default 1); --quick for a test",
+    ),
+    "prefect-ui": (
+        _prefect_ui,
+        "sdss: the ingest flow of --files exports (default 20000 of 200 rows; --preprocess "
+        "then the preprocess flow) watched in Prefect's V1 and V2 UIs in headless Chromium: "
+        "time to a usable page, freezes, bytes, memory, screenshots (--screenshots DIR)",
     ),
     "reader": (_reader, "streaming ÷ in-memory epoch time"),
     "scaling": (_scaling, "samples/s on 2 ranks ÷ 1 rank, one thread per rank"),
@@ -204,6 +251,15 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     bench.add_argument(
         "--source", help="prefect fashion-mnist: the IDX files (default: the dataset's own)"
+    )
+    bench.add_argument(
+        "--preprocess",
+        action="store_true",
+        help="prefect-ui: the preprocess flow of the ingested version too",
+    )
+    bench.add_argument(
+        "--screenshots",
+        help="prefect-ui: where the pages' screenshots go (default: $SHARDFLOW_HOME/prefect-ui)",
     )
     bench.add_argument(
         "--quick",

@@ -12,8 +12,9 @@ CPU seconds of it and of every process it waited for (``os.wait4``: its Dask wor
 horovodrun's ranks), and for the flow side the Prefect server's CPU seconds while it ran, plus
 what the server spent above its idle rate (measured first) until it had written everything the
 run sent (events are written in batches, seconds after they arrive). After each flow round the
-rows and bytes of the server's SQLite database are counted: what one run leaves behind. The machines are shared: each side's best
-round gives the ratios, and every round's figures and the load average are reported.
+rows and bytes of the server's SQLite database are counted: what one run leaves behind. The
+machines are shared: each side's best round gives the ratios, and every round's figures and the
+load average are reported.
 
 The bench runs the product's commands (``shardflow``, ``python -c 'from flows.pipeline ...'``)
 as subprocesses; it imports nothing of the flows.
@@ -132,13 +133,21 @@ class PrefectServer:
         return (self.cpu_seconds() - before) / (time.monotonic() - started)
 
     def rows(self) -> dict[str, int]:
-        """Rows of each of :data:`PREFECT_TABLES` and the database's bytes (with its WAL)."""
+        """Rows of each of :data:`PREFECT_TABLES`; the bytes of the database's pages in use
+        (its WAL's latest included: the files' sizes are high-water marks), and on disk."""
         counts: dict[str, int] = {}
         with sqlite3.connect(f"file:{self.database}?mode=ro", uri=True, timeout=60) as db:
             for table in PREFECT_TABLES:
                 counts[table] = int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+            pages, free, size = (
+                int(db.execute(f"PRAGMA {pragma}").fetchone()[0])
+                for pragma in ("page_count", "freelist_count", "page_size")
+            )
+        counts["bytes"] = (pages - free) * size
         wal = self.database.with_name(self.database.name + "-wal")
-        counts["bytes"] = self.database.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+        counts["bytes_on_disk"] = self.database.stat().st_size + (
+            wal.stat().st_size if wal.exists() else 0
+        )
         return counts
 
     def settled_rows(self, timeout: float = 120.0) -> dict[str, int]:
@@ -149,9 +158,7 @@ class PrefectServer:
         while time.monotonic() < deadline:
             time.sleep(6)
             now = self.rows()
-            if {k: v for k, v in now.items() if k != "bytes"} == {
-                k: v for k, v in last.items() if k != "bytes"
-            }:
+            if {k: now[k] for k in PREFECT_TABLES} == {k: last[k] for k in PREFECT_TABLES}:
                 return now
             last = now
         return last
@@ -218,7 +225,8 @@ def _run(argv: Sequence[str], env: dict[str, str], log: Path) -> tuple[float, fl
         seconds = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
-        raise ShardflowError(f"bench prefect: `{' '.join(argv[:3])} ...` failed: see {log}")
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+        raise ShardflowError(f"bench prefect: `{' '.join(argv[:3])} ...` failed: {' '.join(tail)}")
     return seconds, usage.ru_utime + usage.ru_stime
 
 
