@@ -266,13 +266,18 @@ class Catalog:
                 parents.append(self._lineage_of(self.get(parent.name, parent.version)))
             else:
                 parents.append({"name": parent.name, "version": parent.version, "missing": True})
-        return {
+        node: dict[str, Any] = {
             "name": manifest.name,
             "version": manifest.version,
             "kind": manifest.kind,
             "sources": list(manifest.sources),
             "parents": parents,
         }
+        # A version its writer grew from an earlier one: which parts are new since that one.
+        new_since = manifest.extra.get("run", {}).get("new_since")
+        if new_since is not None:
+            node["new_since"] = new_since
+        return node
 
     def search(self, *, kind: str | None = None, parent: ParentRef | None = None) -> list[Manifest]:
         """Versions of ``kind`` and/or with ``parent``, oldest first, answered by the index.

@@ -36,9 +36,10 @@ KINDS = ("images", "tabular")
 FORMATS = ("parquet", "petastorm")
 SPLIT_NAMES = ("train", "validation", "test")
 SPLIT_POLICIES = ("drop", "pad", "whole")
-"""How a split's rows were cut: "drop" and "pad" (training splits) into equal row groups, the
-rows that do not fill them dropped or the split padded with its first rows; "whole" (evaluation
-splits): every row once, each file's last row group possibly shorter."""
+"""How a split's rows were cut: "drop" and "pad" (image training splits) into equal row groups,
+the rows that do not fill them dropped or the split padded with its first rows; "whole"
+(evaluation splits, SDSS training splits): every row once, each file's last row group possibly
+shorter."""
 EQUAL_GROUP_POLICIES = ("drop", "pad")
 IMAGE_LABEL_COLUMN = "label"
 """The label column of every image layout (not recorded in image manifests: always this)."""
@@ -296,7 +297,9 @@ class ProcessedLayout:
 
     @property
     def train(self) -> SplitLayout:
-        """The training split, which ranks read in equal row groups."""
+        """The training split, which ranks read row group by row group: equal groups (image
+        sets), or groups of ``rows_per_group`` rows but each file's last (SDSS, policy
+        "whole": every row kept, one file per raw piece)."""
         return self.splits["train"]
 
     @property

@@ -134,10 +134,12 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                 Flag(
                     field="remainder",
                     flag="--remainder",
-                    choices=("drop", "pad"),
+                    choices=("drop", "pad", "keep"),
                     help="training rows that do not fill equal row groups: drop them (every "
                     "sample read once per epoch) or pad by repeating the first rows; counted "
-                    "in the manifest",
+                    "in the manifest (image sets); sdss keeps them, in each raw piece's last, "
+                    "shorter row group",
+                    default_help="drop for image sets, keep for sdss",
                 ),
                 Flag(
                     field="target_rows_per_group",

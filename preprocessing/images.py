@@ -38,7 +38,6 @@ from data_catalog.layout import (
     Format,
     IdxLayout,
     ImageSetLayout,
-    Normalization,
     ProcessedLayout,
     raw_layout,
 )
@@ -47,11 +46,11 @@ from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
 from preprocessing.fingerprint import stage_code
 from preprocessing.plan import (
-    PlanConfig,
     Shard,
     SplitPlan,
     plan_evaluation_split,
     plan_training_split,
+    with_equal_groups_remainder,
 )
 from preprocessing.publish import commit_processed, split_layouts
 from preprocessing.raw_files import is_url, local_copy
@@ -63,6 +62,7 @@ from preprocessing.shard_files import (
     write_parquet,
 )
 from preprocessing.sources import idx
+from preprocessing.statistics import normalization_of
 
 # Bumped when the bytes this module writes change for the same input and parameters.
 WRITER_VERSION = 2
@@ -269,23 +269,6 @@ def write_shard(task: ShardTask) -> Result:
     result.update(write_parquet(table, path, row_group_size=shard.rows_per_group))
     record_result(path, result)
     return result
-
-
-def combine_sums(sums: Sequence[Result]) -> dict[str, list[float]]:
-    """Mean and standard deviation per channel from partial sums, combined in the given order
-    (fixed by the caller, so the floats are the same on every run)."""
-    count = sum(int(s["count"]) for s in sums)
-    total = np.sum([s["sum"] for s in sums], axis=0)
-    total_sq = np.sum([s["sumsq"] for s in sums], axis=0)
-    mean = total / count
-    std = np.sqrt(np.maximum(total_sq / count - np.square(mean), 0.0))
-    return {"mean": [float(m) for m in mean], "std": [float(s) for s in std]}
-
-
-def normalization_of(sums: Sequence[Result], over: str) -> Normalization:
-    """The layout's normalisation statistics from the training shards' partial sums."""
-    combined = combine_sums(sums)
-    return Normalization(mean=tuple(combined["mean"]), std=tuple(combined["std"]), over=over)
 
 
 def write_petastorm_metadata(
@@ -539,7 +522,7 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
     source_rows = {
         split: sum(p.rows for p in parts if p.split == split) for split in ("train", "test")
     }
-    config: PlanConfig = options.plan
+    config = with_equal_groups_remainder(options.plan, raw.name)
     plans = [
         plan_training_split(
             "train", len(split_records(source_rows["train"], train_fractions, "train")), config

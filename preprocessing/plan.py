@@ -14,7 +14,7 @@ business. With "pad", positions at or past the split's size wrap around to its s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from data_catalog.errors import ConfigError
 from data_catalog.layout import SplitLayout
@@ -29,25 +29,43 @@ class PlanConfig:
     target_rows_per_shard: int = 10_000
     """Shards (files, one Dask task each) are about this many rows."""
     rank_multiple: int = 64
-    """Training row-group counts are multiples of this, so that up to this many ranks (and
-    every divisor) get equal rows."""
-    remainder: str = "drop"
-    """What to do with training rows that do not fill equal row groups: "drop" them (each
-    remaining sample is read exactly once per epoch) or "pad" by repeating the first rows
-    (every sample is read, a few twice)."""
+    """Image sets: training row-group counts are multiples of this, so that up to this many
+    ranks (and every divisor) get equal rows. SDSS: its training split has at least this many
+    row groups (smaller ones when it holds fewer rows than ``rank_multiple`` full groups)."""
+    remainder: str | None = None
+    """What to do with training rows that do not fill equal row groups (image sets): "drop"
+    them (each remaining sample is read exactly once per epoch) or "pad" by repeating the
+    first rows (every sample is read, a few twice). SDSS "keep"s them: each raw piece's last
+    row group is shorter (preprocessing/sdss.py). None: the dataset's default."""
 
     def __post_init__(self) -> None:
         for field in ("target_rows_per_group", "target_rows_per_shard", "rank_multiple"):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(field, f"must be a whole number of at least 1, got {value}")
-        if self.remainder not in REMAINDER_POLICIES:
+        if self.remainder is not None and self.remainder not in REMAINDER_POLICIES:
             raise ConfigError(
                 "remainder", f"{self.remainder!r} is not one of {', '.join(REMAINDER_POLICIES)}"
             )
 
 
-REMAINDER_POLICIES = ("drop", "pad")
+REMAINDER_POLICIES = ("drop", "pad", "keep")
+# What image sets do with rows that do not fill equal training row groups, unless told.
+DEFAULT_REMAINDER = "drop"
+
+
+def with_equal_groups_remainder(config: PlanConfig, dataset: str) -> PlanConfig:
+    """``config`` for a split cut into equal row groups (image sets): the default remainder
+    policy filled in; "keep" refused (equal groups leave no rows to keep as they are)."""
+    if config.remainder is None:
+        return replace(config, remainder=DEFAULT_REMAINDER)
+    if config.remainder not in ("drop", "pad"):
+        raise ConfigError(
+            "remainder",
+            f"{config.remainder!r} does not apply to {dataset}: its training row groups are "
+            "equal, so the rows that do not fill them are dropped or padded (drop, pad)",
+        )
+    return config
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +199,10 @@ def _cut(
 
 
 def plan_training_split(split: str, num_rows: int, config: PlanConfig) -> SplitPlan:
+    """Equal row groups, as :func:`equal_groups` cuts them (the remainder policy None: the
+    default, "drop"; "keep" is refused: :func:`with_equal_groups_remainder`)."""
+    config = with_equal_groups_remainder(config, "a split of equal row groups")
+    assert config.remainder is not None
     rows_per_group, num_groups = equal_groups(num_rows, config)
     kept = rows_per_group * num_groups
     return SplitPlan(

@@ -1,32 +1,42 @@
-"""Raw SDSS photometry + spectroscopic classes → features for star/galaxy/QSO training.
+"""Raw SDSS photometry + spectroscopic classes → features for star/galaxy/QSO training, one raw
+piece at a time, so that a new raw version redoes only the pieces it adds.
 
 raw version "sdss": Parquet files (from SkyServer pages or CasJobs exports), row groups of at
-most 100,000 rows
-    │  scan pass, one Dask task per raw row group ("piece"): rows with a sentinel (-9999 ...),
-    │  NaN, an unknown class or the (objid, specobjid) of an earlier row go to
-    │  quarantine/part-NNNNN.parquet with their reason; the good rows are hashed by (objid,
-    │  specobjid) into train/validation/test and counted, their keys into key buckets
+most 100,000 rows; a *piece* is one row group of one file, named by the file's sha256 and the
+group's index, numbered in the raw version's file order
+    │  scan pass, one Dask task per piece: rows with a sentinel (-9999 ...), NaN, an unknown
+    │  class or the (objid, specobjid) of an earlier row of the piece are set aside with their
+    │  reason; the good rows are hashed by (objid, specobjid) into train/validation/test
+    │  (features computed: magnitudes, colours u-g g-r r-i i-z, Petrosian magnitudes and radii,
+    │  the class encoded, redshift and the ids kept), their keys written sorted by key hash
     ▼
-duplicates pass, one task per key bucket (about a million keys): the keys of that bucket from
-every piece; a key already in a lower piece marks its row a duplicate
+duplicates pass, one task per key bucket (a range of the key hash, about a million keys): the
+keys of that bucket from every piece; a key already in a lower piece marks its row a duplicate
     │  rescan pass, one task per piece holding such rows: the scan again, those rows quarantined
     │  as "duplicate (objid, specobjid)" too (none when the pieces share no key)
     ▼
-plan (pure, from the counts after both): each split's rows are the good rows of that split in
-piece order; the training split is cut into equal row groups; every output shard knows the
-pieces (and the offsets in them) it needs
-    │  write pass, one Dask task per output shard: read its pieces, keep its rows, compute the
-    │  features (magnitudes, colours u-g g-r r-i i-z, Petrosian magnitudes and radii), encode the
-    │  class, keep redshift and the ids; training shards return feature sums
+write pass, one task per piece: its rows of each split into <split>/part-NNNNN.parquet, in row
+groups of R rows (its last one shorter: no row is dropped or repeated); its quarantined rows into
+quarantine/part-NNNNN.parquet; its keys into _state/keys/part-NNNNN.arrow; its training rows'
+feature sums for the normalisation
     ▼
-processed version "sdss-processed"; rows in = rows out + rows quarantined
+processed version "sdss-processed"; rows in = rows out + rows quarantined; _state/pieces.json
+records every piece's counts, sums, duplicates and files
+
+Every output of a piece depends on that piece, R, the split fractions and which of its rows
+repeat a lower piece's keys: a processed version of a raw version that adds pieces to an earlier
+one (a nightly export) reuses the earlier version's outputs of every piece whose duplicates did
+not change (the files are shared, not copied) and scans, writes and stores only the new ones.
+The result is the same, byte for byte, as processing the new raw version from scratch.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +45,23 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_catalog import Catalog, Manifest, ParentRef, Staging, derived_version, processed_name
+from data_catalog import (
+    Catalog,
+    FileEntry,
+    Manifest,
+    ParentRef,
+    Staging,
+    derived_version,
+    processed_name,
+)
 from data_catalog.errors import ConfigError, ShardflowError
-from data_catalog.layout import ProcessedLayout, Quarantine
+from data_catalog.layout import ProcessedLayout, Quarantine, SplitLayout
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
 from preprocessing.fingerprint import stage_code
-from preprocessing.plan import (
-    PlanConfig,
-    Shard,
-    SplitPlan,
-    plan_evaluation_split,
-    plan_training_split,
-)
-from preprocessing.publish import commit_processed, split_layouts
-from preprocessing.raw_files import parquet_file
+from preprocessing.publish import commit_processed
+from preprocessing.raw_files import local_copy, parquet_file
 from preprocessing.shard_files import (
     described,
     partial_path,
@@ -58,14 +69,12 @@ from preprocessing.shard_files import (
     recorded_result,
     write_parquet,
 )
+from preprocessing.statistics import normalization_of
 
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 2
+WRITER_VERSION = 3
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_TEST_FRACTION = 0.1
-# Rows are small: by default shards of about a raw row group, so that each piece is read about
-# once by the write pass.
-DEFAULT_ROWS_PER_SHARD = 100_000
 
 _BANDS = ("u", "g", "r", "i", "z")
 _MAGNITUDES = (*_BANDS, *(f"petroMag_{b}" for b in _BANDS))
@@ -75,25 +84,31 @@ _RADII = tuple(f"petroRad_{b}" for b in _BANDS)
 _MAGNITUDE_RANGE = (0.0, 40.0)
 _RADIUS_RANGE = (0.0, 1_000.0)
 _CLASSES = pa.array(schemas.SDSS_CLASSES, type=pa.string())
-# Keys are compared across pieces in buckets (by hash) of about this many, one task each: a
-# task's memory stays flat however many rows the input has.
+# Keys are compared across pieces in buckets (ranges of the key hash) of about this many, one
+# task each: a task's memory stays flat however many rows the input has.
 KEY_BUCKET_ROWS = 1_000_000
 # ... and at least this many (no more than there are pieces), so that one bucket task does not
 # keep one worker busy while the others wait.
 MIN_KEY_BUCKETS = 2
+MAX_KEY_BUCKETS = 1 << 16
 # The work subfolder of a piece scanned again to drop its duplicates of other pieces' rows.
 RESCAN_FOLDER = "rescan"
+# What every processed version records of its pieces, for the next version to reuse them.
+PIECES_FILE = "_state/pieces.json"
+SPLIT_BY = "hash of (objid, specobjid) (preprocessing.splits.sample_hash)"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Piece:
-    """One raw row group: the unit the scan pass reads."""
+    """One raw row group: the unit the scan pass reads and every output is cut by."""
 
     number: int
     path: str
     """A local path or an object-store URL."""
     row_group: int
     rows: int
+    key: str = ""
+    """What it is, whatever its number: "<sha256 of its raw file>#<row group>"."""
 
 
 def read_piece(piece: Piece) -> pa.Table:
@@ -189,8 +204,8 @@ def segment_path(work: str, piece: int, split: str) -> Path:
 
 
 def keys_path(work: str, piece: int) -> Path:
-    """The (objid, specobjid) of piece ``piece``'s good rows and their row numbers in the
-    piece, by key bucket, in an Arrow IPC file."""
+    """The good rows' (objid, specobjid) of piece ``piece``, their key hash and their row
+    numbers in the piece, sorted by key hash, in an Arrow IPC file."""
     return Path(work) / "keys" / f"{piece:05d}.arrow"
 
 
@@ -199,20 +214,34 @@ def duplicates_path(work: str, bucket: int) -> Path:
     return Path(work) / "duplicates" / f"{bucket:05d}.arrow"
 
 
+def output_path(split: str, piece: int) -> str:
+    """Where piece ``piece``'s rows of ``split`` go in the version (also "quarantine")."""
+    return f"{split}/part-{piece:05d}.parquet"
+
+
+def keys_output_path(piece: int) -> str:
+    return f"_state/keys/part-{piece:05d}.arrow"
+
+
 def num_key_buckets(rows: int, pieces: int = 1) -> int:
-    """Key buckets for ``rows`` raw rows in ``pieces`` pieces (at least one). The count
-    changes how the work is split, never what is written."""
-    return max(1, -(-rows // KEY_BUCKET_ROWS), min(pieces, MIN_KEY_BUCKETS))
+    """Key buckets for ``rows`` raw rows in ``pieces`` pieces: a power of two, at least one.
+    The count changes how the work is split, never what is written."""
+    wanted = max(1, -(-rows // KEY_BUCKET_ROWS), min(pieces, MIN_KEY_BUCKETS))
+    return min(MAX_KEY_BUCKETS, 1 << (wanted - 1).bit_length())
 
 
-def key_buckets(
-    objid: npt.NDArray[np.uint64], specobjid: npt.NDArray[np.uint64], num_buckets: int
-) -> npt.NDArray[np.int64]:
-    """The key bucket of each (objid, specobjid): its low hash bits (the split takes the high
-    ones, so every bucket holds every split)."""
-    hashes = splits.sample_hash(objid, specobjid)
-    buckets: npt.NDArray[np.int64] = (hashes % np.uint64(num_buckets)).astype(np.int64)
-    return buckets
+def key_hash(
+    objid: npt.NDArray[np.uint64], specobjid: npt.NDArray[np.uint64]
+) -> npt.NDArray[np.uint64]:
+    """The hash that orders keys into buckets: independent of the split's hash (which takes
+    the sample hash's high bits), so that every bucket holds every split."""
+    return splits.mix64(splits.sample_hash(objid, specobjid) ^ np.uint64(0x5BD1E9955BD1E995))
+
+
+def bucket_bounds(bucket: int, num_buckets: int) -> tuple[int, int]:
+    """The key hashes of ``bucket`` of ``num_buckets`` (a power of two): [low, high)."""
+    width = (1 << 64) // num_buckets
+    return bucket * width, (bucket + 1) * width
 
 
 def _write_ipc(table: pa.Table, path: Path) -> None:
@@ -226,65 +255,74 @@ def _write_ipc(table: pa.Table, path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _write_keys(
-    table: pa.Table, codes: npt.NDArray[np.int16], num_buckets: int, path: Path
-) -> list[int]:
-    """The good rows' keys and row numbers into ``path``, ordered by key bucket; where each
-    bucket starts in it (and where the last ends)."""
+def _write_keys(table: pa.Table, codes: npt.NDArray[np.int16], path: Path) -> None:
+    """The good rows' keys, key hashes and row numbers into ``path``, sorted by key hash (so
+    that any number of buckets slices it)."""
     rows = np.flatnonzero(codes == 0)
     objid = table.column("objid").to_numpy().astype(np.uint64)[rows]
     specobjid = table.column("specobjid").to_numpy().astype(np.uint64)[rows]
-    buckets = key_buckets(objid, specobjid, num_buckets)
-    order = np.argsort(buckets, kind="stable")
+    hashes = key_hash(objid, specobjid)
+    order = np.argsort(hashes, kind="stable")
     keys = pa.table(
         {
+            "hash": hashes[order],
             "objid": objid[order],
             "specobjid": specobjid[order],
             "row": rows[order].astype(np.int64),
         }
     )
     _write_ipc(keys, path)
-    starts = np.searchsorted(buckets[order], np.arange(num_buckets + 1), side="left")
-    return [int(s) for s in starts]
 
 
-def scan_piece(piece: Piece, fractions: dict[str, float], work: str, num_buckets: int) -> Result:
+def scan_piece(piece: Piece, fractions: dict[str, float], work: str) -> Result:
     """Scan task, the one read of a raw piece (unless it holds duplicates of other pieces'
-    rows): its bad rows go to quarantine with their reason; its good rows, as features, into
-    one Arrow IPC segment per split (which the write tasks slice, memory-mapped, instead of
-    reading the piece again), their keys into ``num_buckets`` key buckets; counts per split."""
+    rows): its bad rows set aside with their reason; its good rows, as features, into one
+    Arrow IPC segment per split (which its write task reads, memory-mapped, instead of the
+    piece again), their keys into its keys file; counts per split."""
     done = segment_path(work, piece.number, splits.SPLITS[0])
     recorded = recorded_result(done)
-    # A run before key buckets (or with another number of them) left no usable keys.
-    if recorded is not None and len(recorded.get("key_buckets", ())) == num_buckets + 1:
+    if recorded is not None and recorded.get("key") == piece.key:
         return {**recorded, "reused": True}
     table = read_piece(piece)
     codes = quarantine_codes(table)
-    starts = _write_keys(table, codes, num_buckets, keys_path(work, piece.number))
+    _write_keys(table, codes, keys_path(work, piece.number))
     result = _write_scan(piece.number, table, codes, fractions, work)
-    result["key_buckets"] = starts
+    result["key"] = piece.key
+    result["keys"] = str(keys_path(work, piece.number))
     record_result(done, result)
     return result
 
 
-def find_duplicates(bucket: int, parts: tuple[tuple[int, int, int], ...], work: str) -> Result:
-    """Duplicates task, one key bucket: ``parts`` are (piece, start, stop) of the bucket's
-    keys in each piece's keys file. Of the rows sharing a key, the one in the lowest piece is
-    kept; the others are written to :func:`duplicates_path`, by (piece, row). A piece holds a
-    key once (the scan quarantined its repeats), so which row is first never depends on the
-    order of the tasks."""
+def _bucket_keys(path: str, bucket: int, num_buckets: int) -> pa.Table:
+    """The rows of one keys file whose key hash falls in ``bucket`` (memory-mapped: only they
+    are read)."""
+    keys = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    low, high = bucket_bounds(bucket, num_buckets)
+    hashes = keys.column("hash").to_numpy()
+    start = int(np.searchsorted(hashes, np.uint64(low), side="left"))
+    # The last bucket runs to the end (2**64 is no uint64).
+    stop = len(hashes) if high >= 1 << 64 else int(np.searchsorted(hashes, np.uint64(high)))
+    return keys.slice(int(start), int(stop - start))
+
+
+def find_duplicates(
+    bucket: int, num_buckets: int, keys: tuple[tuple[int, str], ...], work: str
+) -> Result:
+    """Duplicates task, one key bucket: ``keys`` are (piece, keys file) of every piece. Of the
+    rows sharing a key, the one in the lowest piece is kept; the others are written to
+    :func:`duplicates_path`, by (piece, row). A piece holds a key once (the scan quarantined its
+    repeats), so which row is first never depends on the order of the tasks."""
     out = duplicates_path(work, bucket)
     recorded = recorded_result(out)
     if recorded is not None:
         return {**recorded, "reused": True}
     columns: dict[str, list[npt.NDArray[Any]]] = {"objid": [], "specobjid": [], "row": []}
     numbers = []
-    for number, start, stop in parts:
-        source = pa.ipc.open_file(pa.memory_map(str(keys_path(work, number))))
-        keys = source.read_all().slice(start, stop - start)
+    for number, path in keys:
+        part = _bucket_keys(local_copy(path, work), bucket, num_buckets)
         for name, arrays in columns.items():
-            arrays.append(keys.column(name).to_numpy())
-        numbers.append(np.full(stop - start, number, dtype=np.int64))
+            arrays.append(part.column(name).to_numpy())
+        numbers.append(np.full(part.num_rows, number, dtype=np.int64))
     empty = {"objid": np.uint64, "specobjid": np.uint64, "row": np.int64}
     objid, specobjid, row = (
         np.concatenate(arrays) if arrays else np.zeros(0, dtype=empty[name])
@@ -318,6 +356,15 @@ def find_duplicates(bucket: int, parts: tuple[tuple[int, int, int], ...], work: 
     return result
 
 
+def duplicates_digest(rows: npt.NDArray[np.int64]) -> str:
+    """Names a piece's set of rows that repeat a lower piece's key (what its outputs depend on
+    besides the piece itself)."""
+    return hashlib.sha256(np.sort(rows).astype("<i8").tobytes()).hexdigest()
+
+
+NO_DUPLICATES = duplicates_digest(np.zeros(0, dtype=np.int64))
+
+
 def _duplicate_rows(work: str, piece: int, buckets: Sequence[int]) -> npt.NDArray[np.int64]:
     """The rows of ``piece`` that the duplicates tasks of ``buckets`` marked, in order."""
     found = []
@@ -327,6 +374,8 @@ def _duplicate_rows(work: str, piece: int, buckets: Sequence[int]) -> npt.NDArra
         pieces = table.column("piece").to_numpy()
         start, stop = np.searchsorted(pieces, [piece, piece + 1], side="left")
         found.append(table.column("row").to_numpy()[start:stop])
+    if not found:
+        return np.zeros(0, dtype=np.int64)
     rows: npt.NDArray[np.int64] = np.sort(np.concatenate(found)).astype(np.int64)
     return rows
 
@@ -387,43 +436,6 @@ def _write_scan(
     return result
 
 
-@dataclass(frozen=True, kw_only=True)
-class Segment:
-    """Rows ``start .. stop`` of one piece's good rows of a split."""
-
-    piece: int
-    start: int
-    stop: int
-    folder: str = ""
-    """The work subfolder of the piece's segments: "" as scanned, :data:`RESCAN_FOLDER` when
-    it was scanned again without its duplicates."""
-
-
-def segments(start: int, rows: int, bounds: npt.NDArray[np.int64]) -> list[Segment]:
-    """The pieces (and local offsets) that hold positions ``start .. start + rows`` of a split
-    whose pieces' rows end at ``bounds`` (cumulative, from 0); positions past the end wrap
-    ("pad"). O(log pieces) per segment."""
-    total = int(bounds[-1])
-    out: list[Segment] = []
-    position, left = start, rows
-    while left > 0:
-        at = position % total
-        number = int(np.searchsorted(bounds, at, side="right")) - 1
-        local = at - int(bounds[number])
-        take = min(left, int(bounds[number + 1]) - at)
-        out.append(Segment(piece=number, start=local, stop=local + take))
-        position += take
-        left -= take
-    return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShardTask:
-    shard: Shard
-    segments: tuple[Segment, ...]
-    work: str
-
-
 def feature_sums(table: pa.Table) -> Result:
     matrix = np.stack(
         [table.column(n).to_numpy().astype(np.float64) for n in schemas.SDSS_FEATURES], axis=1
@@ -435,35 +447,57 @@ def feature_sums(table: pa.Table) -> Result:
     }
 
 
-def write_shard(task: ShardTask) -> Result:
-    """Write task: one output shard, sliced from its split's segments (memory-mapped: only its
-    own rows are read), unless a run of the same job already wrote it whole."""
-    shard = task.shard
-    path = Path(task.work) / shard.path
-    recorded = recorded_result(path)
+def write_piece(number: int, folder: str, rows_per_group: int, work: str) -> Result:
+    """Write task, one piece: its rows of each split, from its segments in ``folder`` (the
+    scan's or the rescan's), into ``<split>/part-NNNNN.parquet`` in the job's ``out/`` folder,
+    in row groups of ``rows_per_group`` rows (the last shorter); the training rows' feature sums.
+    Files of a run of the same job already written whole are kept."""
+    out = Path(work) / "out"
+    # Beside the piece's files, once they are all whole: its result.
+    marker = out / f".piece-{number:05d}"
+    recorded = recorded_result(marker)
     if recorded is not None:
         return {**recorded, "reused": True}
-    parts = []
-    for segment in task.segments:
-        folder = str(Path(task.work) / segment.folder)
-        source = pa.ipc.open_file(
-            pa.memory_map(str(segment_path(folder, segment.piece, shard.split)))
-        )
-        parts.append(source.read_all().slice(segment.start, segment.stop - segment.start))
-    out = pa.concat_tables(parts).combine_chunks()
-    if out.num_rows != shard.rows:
-        raise ShardflowError(f"{shard.path}: gathered {out.num_rows} rows, planned {shard.rows}")
-    result: Result = {"path": shard.path, "split": shard.split}
-    if shard.split == "train":
-        result["sums"] = feature_sums(out)
-    result.update(write_parquet(out, path, row_group_size=shard.rows_per_group))
-    record_result(path, result)
+    result: Result = {"piece": number, "files": {}}
+    for split in splits.SPLITS:
+        source = pa.ipc.open_file(pa.memory_map(str(segment_path(folder, number, split))))
+        rows = source.read_all().combine_chunks()
+        if split == "train":
+            result["sums"] = feature_sums(rows)
+        if rows.num_rows == 0:
+            continue
+        relpath = output_path(split, number)
+        result["files"][split] = {
+            "path": relpath,
+            **write_parquet(rows, out / relpath, row_group_size=rows_per_group),
+        }
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("")
+    record_result(marker, result)
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The job
+
+
+@dataclass(frozen=True, kw_only=True)
+class Earlier:
+    """An earlier processed version made by this code with these parameters, and what it
+    records of its pieces (``_state/pieces.json``), by piece key."""
+
+    manifest: Manifest
+    pieces: dict[str, dict[str, Any]]
+    files: dict[str, FileEntry]
+    """Its files, by path."""
+    keys: dict[str, str]
+    """Each piece's keys file where a task can open it, by piece key."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class SdssJob:
-    """A planned preprocessing run of a raw "sdss" version (an :class:`engine.Job`)."""
+    """A planned preprocessing run of a raw "sdss" version (a :class:`driver.Job`), reusing
+    the pieces an earlier version holds (``earlier``)."""
 
     raw: Manifest
     name: str
@@ -472,7 +506,9 @@ class SdssJob:
     parameters: dict[str, Any]
     pieces: tuple[Piece, ...]
     fractions: dict[str, float]
-    plan_config: PlanConfig
+    rank_multiple: int
+    target_rows_per_group: int
+    earlier: Earlier | None = None
     kind: str = "processed"
     passes: tuple[str, ...] = ("scan", "duplicates", "rescan", "write")
 
@@ -484,59 +520,112 @@ class SdssJob:
     def num_key_buckets(self) -> int:
         return num_key_buckets(sum(p.rows for p in self.pieces), len(self.pieces))
 
+    def _kept_record(self, piece: Piece) -> dict[str, Any] | None:
+        if self.earlier is None:
+            return None
+        return self.earlier.pieces.get(piece.key)
+
+    def kept(self, pass_name: str, done: Results) -> list[Result]:
+        """Scan: each piece an earlier version holds. Write: those whose duplicates did not
+        change (the rescan pass has none of them)."""
+        if pass_name == "scan":
+            return [
+                {**record["scan"], "piece": p.number, "key": p.key, "earlier": True}
+                for p in self.pieces
+                if (record := self._kept_record(p)) is not None
+            ]
+        if pass_name == "write":
+            rescanned = {int(r["piece"]) for r in done.get("rescan", ())}
+            rows_per_group = self.rows_per_group(done)
+            return [
+                {**record["write"], "piece": p.number, "earlier": True}
+                for p in self.pieces
+                if (record := self._kept_record(p)) is not None
+                and p.number not in rescanned
+                and int(record["rows_per_group"]) == rows_per_group
+            ]
+        return []
+
     def tasks(self, pass_name: str, done: Results, work: Path) -> list[TaskSpec]:
         if pass_name == "scan":
-            return self._scan_tasks(work)
+            return [
+                TaskSpec(
+                    key=f"scan-{p.number:05d}",
+                    fn=scan_piece,
+                    args=(p, self.fractions, str(work)),
+                    rows=p.rows,
+                )
+                for p in self.pieces
+                if self._kept_record(p) is None
+            ]
         if pass_name == "duplicates":
             return self._duplicate_tasks(done["scan"], work)
         if pass_name == "rescan":
-            return self._rescan_tasks(done["duplicates"], work)
-        return self._write_tasks(self.piece_results(done), work)
+            return self._rescan_tasks(done, work)
+        return self._write_tasks(done, work)
 
-    def _scan_tasks(self, work: Path) -> list[TaskSpec]:
-        return [
-            TaskSpec(
-                key=f"scan-{p.number:05d}",
-                fn=scan_piece,
-                args=(p, self.fractions, str(work), self.num_key_buckets),
-                rows=p.rows,
-            )
-            for p in self.pieces
-        ]
+    def _keys_file(self, scan: Result) -> str:
+        if scan.get("earlier"):
+            assert self.earlier is not None
+            return self.earlier.keys[str(scan["key"])]
+        return str(scan["keys"])
 
     def _duplicate_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
-        ordered = sorted(scans, key=lambda r: r["piece"])
-        tasks = []
-        for bucket in range(self.num_key_buckets):
-            parts = tuple(
-                (int(r["piece"]), int(r["key_buckets"][bucket]), int(r["key_buckets"][bucket + 1]))
-                for r in ordered
-                if r["key_buckets"][bucket + 1] > r["key_buckets"][bucket]
+        keys = tuple(
+            (int(r["piece"]), self._keys_file(r)) for r in sorted(scans, key=lambda r: r["piece"])
+        )
+        rows = sum(p.rows for p in self.pieces)
+        return [
+            TaskSpec(
+                key=f"duplicates-{bucket:05d}",
+                fn=find_duplicates,
+                args=(bucket, self.num_key_buckets, keys, str(work)),
+                rows=rows // self.num_key_buckets,
             )
+            for bucket in range(self.num_key_buckets)
+        ]
+
+    def duplicate_rows(self, done: Results, work: Path) -> dict[int, tuple[int, ...]]:
+        """The buckets holding each piece's duplicates of lower pieces' keys."""
+        buckets: dict[int, list[int]] = {}
+        for result in sorted(done["duplicates"], key=lambda r: r["bucket"]):
+            for piece, _count in result["pieces"]:
+                buckets.setdefault(int(piece), []).append(int(result["bucket"]))
+        return {piece: tuple(found) for piece, found in buckets.items()}
+
+    def _duplicates_digest(self, piece: int, buckets: Sequence[int], work: Path) -> str:
+        if not buckets:
+            return NO_DUPLICATES
+        return duplicates_digest(_duplicate_rows(str(work), piece, buckets))
+
+    def _rescan_tasks(self, done: Results, work: Path) -> list[TaskSpec]:
+        """Pieces holding rows that repeat a lower piece's key, unless an earlier version
+        holds the piece with exactly those rows set aside (and in row groups of the same size:
+        else its rows are read again too)."""
+        tasks = []
+        found = self.duplicate_rows(done, work)
+        rows_per_group = self.rows_per_group(done)
+        for piece in self.pieces:
+            buckets = found.get(piece.number, ())
+            digest = self._duplicates_digest(piece.number, buckets, work)
+            record = self._kept_record(piece)
+            if (
+                record is not None
+                and record["duplicates"] == digest
+                and int(record["rows_per_group"]) == rows_per_group
+            ):
+                continue
+            if record is None and not buckets:
+                continue  # a new piece without duplicates: its scan is final
             tasks.append(
                 TaskSpec(
-                    key=f"duplicates-{bucket:05d}",
-                    fn=find_duplicates,
-                    args=(bucket, parts, str(work)),
-                    rows=sum(stop - start for _piece, start, stop in parts),
+                    key=f"rescan-{piece.number:05d}",
+                    fn=rescan_piece,
+                    args=(piece, self.fractions, str(work), buckets),
+                    rows=piece.rows,
                 )
             )
         return tasks
-
-    def _rescan_tasks(self, found: Sequence[Result], work: Path) -> list[TaskSpec]:
-        buckets: dict[int, list[int]] = {}
-        for result in sorted(found, key=lambda r: r["bucket"]):
-            for piece, _count in result["pieces"]:
-                buckets.setdefault(int(piece), []).append(int(result["bucket"]))
-        return [
-            TaskSpec(
-                key=f"rescan-{number:05d}",
-                fn=rescan_piece,
-                args=(self.pieces[number], self.fractions, str(work), tuple(buckets[number])),
-                rows=self.pieces[number].rows,
-            )
-            for number in sorted(buckets)
-        ]
 
     def piece_results(self, done: Results) -> list[Result]:
         """Each piece's scan result, in piece order; a rescanned piece's rescan result."""
@@ -544,73 +633,152 @@ class SdssJob:
         by_piece.update({int(r["piece"]): r for r in done.get("rescan", ())})
         return [by_piece[number] for number in sorted(by_piece)]
 
-    def plans(self, scans: Sequence[Result]) -> list[SplitPlan]:
-        """The split plans from the scan counts (pure)."""
-        counts = {
-            split: [int(r["split_rows"][split]) for r in sorted(scans, key=lambda r: r["piece"])]
-            for split in splits.SPLITS
-        }
-        plans = [plan_training_split("train", sum(counts["train"]), self.plan_config)]
-        for split in ("validation", "test"):
-            if sum(counts[split]):
-                plans.append(plan_evaluation_split(split, sum(counts[split]), self.plan_config))
-        return plans
+    def rows_per_group(self, done: Results) -> int:
+        """R: the target, or fewer rows when the pieces' training rows (as scanned, before
+        duplicates across pieces are set aside) fill fewer than ``rank_multiple`` groups of the
+        target, so that that many ranks each get one. A function of the pieces alone."""
+        train = sum(int(r["split_rows"]["train"]) for r in done["scan"])
+        return max(1, min(self.target_rows_per_group, train // self.rank_multiple))
 
-    def _write_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
-        ordered = sorted(scans, key=lambda r: r["piece"])
-        tasks = []
-        for plan in self.plans(scans):
-            # Where each piece's rows of this split end: computed once per split, so that
-            # planning costs O(pieces + shards), not O(pieces x shards).
-            bounds = np.concatenate(
-                [[0], np.cumsum([int(r["split_rows"][plan.split]) for r in ordered])]
-            ).astype(np.int64)
-            for shard in plan.shards:
-                task = ShardTask(
-                    shard=shard,
-                    segments=tuple(
-                        replace(s, folder=str(ordered[s.piece].get("folder", "")))
-                        for s in segments(shard.start, shard.rows, bounds)
-                    ),
-                    work=str(work),
-                )
-                tasks.append(
-                    TaskSpec(
-                        key=f"write-{shard.split}-{shard.index:05d}",
-                        fn=write_shard,
-                        args=(task,),
-                        rows=shard.rows,
-                    )
-                )
-        return tasks
+    def _write_tasks(self, done: Results, work: Path) -> list[TaskSpec]:
+        kept = {int(r["piece"]) for r in self.kept("write", done)}
+        rows_per_group = self.rows_per_group(done)
+        return [
+            TaskSpec(
+                key=f"write-{int(r['piece']):05d}",
+                fn=write_piece,
+                args=(
+                    int(r["piece"]),
+                    str(work / str(r.get("folder", ""))) if r.get("folder") else str(work),
+                    rows_per_group,
+                    str(work),
+                ),
+                rows=sum(int(n) for n in r["split_rows"].values()),
+            )
+            for r in self.piece_results(done)
+            if int(r["piece"]) not in kept
+        ]
 
     def commit(self, stage: Staging, done: Results, work: Path) -> Manifest:
-        from preprocessing.images import normalization_of
-
-        scans, written = self.piece_results(done), done["write"]
-        plans = self.plans(scans)
-        expected = {shard.path for plan in plans for shard in plan.shards}
-        missing = expected - {str(r["path"]) for r in written}
-        if missing:
-            raise ShardflowError(f"{len(missing)} shards were not written, e.g. {min(missing)}")
-        files = {str(r["path"]): r for r in written}
-        files.update(
-            {str(r["quarantine"]["path"]): r["quarantine"] for r in scans if "quarantine" in r}
+        scans = self.piece_results(done)
+        written = {int(r["piece"]): r for r in done["write"]}
+        if set(written) != {p.number for p in self.pieces}:
+            missing = sorted({p.number for p in self.pieces} - set(written))
+            raise ShardflowError(f"{len(missing)} pieces were not written, e.g. {missing[0]}")
+        rows_per_group = self.rows_per_group(done)
+        found = self.duplicate_rows(done, work)
+        files: dict[str, FileEntry] = {}
+        records = []
+        for piece, scan in zip(self.pieces, scans, strict=True):
+            write = written[piece.number]
+            outputs = self._stage_piece(stage, piece, scan, write, work)
+            files.update(outputs)
+            records.append(
+                {
+                    "key": piece.key,
+                    "number": piece.number,
+                    "rows_per_group": rows_per_group,
+                    "duplicates": self._duplicates_digest(
+                        piece.number, found.get(piece.number, ()), work
+                    ),
+                    "scan": _renumbered(
+                        {k: scan[k] for k in ("rows_in", "quarantined", "reasons", "split_rows")}
+                        | ({"quarantine": scan["quarantine"]} if "quarantine" in scan else {}),
+                        piece.number,
+                    ),
+                    "write": _renumbered(
+                        {"sums": write["sums"], "files": write["files"]}, piece.number
+                    ),
+                }
+            )
+        state = stage.path / PIECES_FILE
+        state.parent.mkdir(parents=True, exist_ok=True)
+        state.write_text(json.dumps({"pieces": records}, sort_keys=True) + "\n")
+        layout = self.layout(scans, [written[p.number] for p in self.pieces], rows_per_group)
+        reused = sum(bool(written[p.number].get("earlier")) for p in self.pieces)
+        if self.earlier is not None:
+            new = [p for p in self.pieces if not written[p.number].get("earlier")]
+            stage.note_run(
+                incremental={
+                    "base": str(self.earlier.manifest.ref),
+                    "pieces": len(self.pieces),
+                    "pieces_reused": reused,
+                    "pieces_new": len(new),
+                },
+                # What is new since the version it grew from: the pieces read and written, by
+                # raw file and row group (catalog lineage shows it).
+                new_since={
+                    "base": str(self.earlier.manifest.ref),
+                    "reused": reused,
+                    "new": [f"{_raw_file(self.raw, p)}#{p.row_group}" for p in new],
+                },
+            )
+        return commit_processed(
+            stage,
+            code=stage_code(__name__),
+            layout=layout,
+            parents=self.parents,
+            parameters=self.parameters,
+            described=files,
         )
-        folders = {
-            str(r["quarantine"]["path"]): str(r.get("folder", ""))
-            for r in scans
-            if "quarantine" in r
+
+    def _stage_piece(
+        self, stage: Staging, piece: Piece, scan: Result, write: Result, work: Path
+    ) -> dict[str, FileEntry]:
+        """Put one piece's outputs into ``stage``: an earlier version's files as they are (no
+        copy), a task's from the work folder; the entries of the latter, as the tasks that
+        wrote them hashed and counted them (keys files are hashed at the commit)."""
+        earlier = self.earlier
+        record = self._kept_record(piece)
+        staged: dict[str, FileEntry] = {}
+        if record is not None:
+            assert earlier is not None
+            # The keys depend on the piece alone: an earlier version's serve every version.
+            old = earlier.files[keys_output_path(int(record["number"]))]
+            stage.reuse(earlier.manifest, old, keys_output_path(piece.number))
+        else:
+            stage.adopt(keys_path(str(work), piece.number), keys_output_path(piece.number))
+        outputs: dict[str, dict[str, Any]] = {
+            split: entry for split, entry in write["files"].items()
         }
-        quarantine = sorted(path for path in files if path.startswith("quarantine/"))
-        for relpath in sorted(files):
-            stage.adopt(work / folders.get(relpath, "") / relpath, relpath)
-        in_order = sorted(written, key=lambda r: str(r["path"]))
+        if "quarantine" in scan:
+            outputs["quarantine"] = scan["quarantine"]
+        for kind, entry in sorted(outputs.items()):
+            relpath = output_path(kind, piece.number)
+            if write.get("earlier") and (kind != "quarantine" or scan.get("earlier")):
+                assert earlier is not None and record is not None
+                old = earlier.files[output_path(kind, int(record["number"]))]
+                stage.reuse(earlier.manifest, old, relpath)  # described by its manifest entry
+                continue
+            folder = work / "out" if kind != "quarantine" else work / str(scan.get("folder", ""))
+            stage.adopt(folder / str(entry["path"]), relpath)
+            staged[relpath] = described(relpath, entry)
+        return staged
+
+    def layout(
+        self, scans: Sequence[Result], written: Sequence[Result], rows_per_group: int
+    ) -> ProcessedLayout:
         reasons: dict[str, int] = {}
         for scan in scans:
             for reason, count in scan["reasons"].items():
                 reasons[reason] = reasons.get(reason, 0) + int(count)
-        layout = ProcessedLayout(
+        split_layouts = {}
+        for split in splits.SPLITS:
+            entries = [w["files"][split] for w in written if split in w["files"]]
+            rows = sum(int(e["rows"]) for e in entries)
+            if split != "train" and rows == 0:
+                continue
+            split_layouts[split] = SplitLayout(
+                rows=rows,
+                source_rows=rows,
+                rows_per_group=rows_per_group,
+                num_row_groups=sum(int(e["row_groups"]) for e in entries),
+                num_shards=len(entries),
+                dropped_rows=0,
+                padded_rows=0,
+                policy="whole",
+            )
+        return ProcessedLayout(
             kind="tabular",
             format="parquet",
             arrow_schema=schemas.SDSS_SCHEMA.to_string(),
@@ -619,34 +787,73 @@ class SdssJob:
             label_column="label",
             num_classes=len(schemas.SDSS_CLASSES),
             class_names=schemas.SDSS_CLASSES,
-            split_by="hash of (objid, specobjid) (preprocessing.splits.sample_hash)",
+            split_by=SPLIT_BY,
             split_fractions=self.fractions,
-            splits=split_layouts(plans),
+            splits=split_layouts,
             normalization=normalization_of(
-                [r["sums"] for r in in_order if "sums" in r],
+                [w["sums"] for w in written if w["sums"]["count"]],
                 "train split, per feature in feature_columns order",
             ),
             quarantine=Quarantine(
                 rows=sum(int(s["quarantined"]) for s in scans),
                 reasons=dict(sorted(reasons.items())),
-                files=len(quarantine),
+                files=sum("quarantine" in s for s in scans),
                 contents="quarantine/ (all raw columns + reason)",
             ),
             rows_in=sum(int(s["rows_in"]) for s in scans),
         )
-        return commit_processed(
-            stage,
-            code=stage_code(__name__),
-            layout=layout,
-            parents=self.parents,
-            parameters=self.parameters,
-            # Hashed and counted by the tasks that wrote them: the commit reads nothing again.
-            described={relpath: described(relpath, result) for relpath, result in files.items()},
+
+
+def _raw_file(raw: Manifest, piece: Piece) -> str:
+    """The raw version's file a piece is a row group of."""
+    sha = piece.key.partition("#")[0]
+    return next((f.path for f in raw.files if f.sha256 == sha), sha)
+
+
+def _renumbered(record: dict[str, Any], number: int) -> dict[str, Any]:
+    """``record`` (a piece's scan or write result) with its files' paths those of piece
+    ``number``: a record reads the same whoever wrote the files (an earlier version, under
+    another number, or this run)."""
+    out = dict(record)
+    if "quarantine" in out:
+        out["quarantine"] = {**out["quarantine"], "path": output_path("quarantine", number)}
+    if "files" in out:
+        out["files"] = {
+            split: {**entry, "path": output_path(split, number)}
+            for split, entry in out["files"].items()
+        }
+    return out
+
+
+def _earlier(catalog: Catalog, name: str, parameters: dict[str, Any]) -> Earlier | None:
+    """The newest processed version of ``name`` made by this code with ``parameters`` that
+    records its pieces; None if there is none."""
+    code = stage_code(__name__)
+    for manifest in reversed(catalog.versions(name)):
+        if manifest.code_version != code or manifest.parameters != parameters:
+            continue
+        files = {f.path: f for f in manifest.files}
+        if PIECES_FILE not in files:
+            continue
+        import fsspec
+
+        with fsspec.open(catalog.file_url(manifest, files[PIECES_FILE]), "rt") as f:
+            records = json.load(f)["pieces"]
+        return Earlier(
+            manifest=manifest,
+            pieces={r["key"]: r for r in records},
+            files=files,
+            keys={
+                r["key"]: catalog.file_url(manifest, files[keys_output_path(int(r["number"]))])
+                for r in records
+            },
         )
+    return None
 
 
 def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJob:
-    """Plan the processing of a raw "sdss" version (reads its manifest and Parquet footers)."""
+    """Plan the processing of a raw "sdss" version (reads its manifest and Parquet footers, and
+    what the newest earlier processed version records of its pieces)."""
     pieces: list[Piece] = []
     for entry in sorted(raw.files, key=lambda e: e.path):
         if not entry.path.endswith(".parquet"):
@@ -660,6 +867,7 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
                     path=path,
                     row_group=group,
                     rows=metadata.row_group(group).num_rows,
+                    key=f"{entry.sha256}#{group}",
                 )
             )
     if not pieces:
@@ -676,12 +884,20 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
     if (options.format or "parquet") != "parquet":
         raise ConfigError("format", "must be parquet for sdss (tabular features)")
     config = options.plan
-    if config.target_rows_per_shard == PlanConfig().target_rows_per_shard:
-        config = replace(config, target_rows_per_shard=DEFAULT_ROWS_PER_SHARD)
+    if config.remainder not in (None, "keep"):
+        raise ConfigError(
+            "remainder",
+            f"{config.remainder!r} does not apply to sdss: it keeps every training row, its row "
+            "groups cut per raw piece (each piece's last one shorter), and every rank takes "
+            "the same number of steps (docs/preprocessing.md)",
+        )
     name = processed_name(raw.name)
     parents = (raw.ref,)
+    # What shapes the bytes: the row groups' target size and the least number of them, the
+    # split fractions; shards are one per piece.
     parameters = {
-        "plan": asdict(config),
+        "rows_per_group": config.target_rows_per_group,
+        "rank_multiple": config.rank_multiple,
         "format": "parquet",
         "split_fractions": fractions,
         "writer_version": WRITER_VERSION,
@@ -700,5 +916,7 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
         parameters=parameters,
         pieces=tuple(pieces),
         fractions=fractions,
-        plan_config=config,
+        rank_multiple=config.rank_multiple,
+        target_rows_per_group=config.target_rows_per_group,
+        earlier=_earlier(catalog, name, parameters),
     )

@@ -149,7 +149,8 @@ def recompute_normalization(
 
     None when there are no training files.
     """
-    from preprocessing.images import channel_sums, combine_sums
+    from preprocessing.images import channel_sums
+    from preprocessing.statistics import combine_sums
 
     sums = []
     if layout.image_shape is not None:

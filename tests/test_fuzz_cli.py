@@ -218,6 +218,14 @@ def light(monkeypatch: pytest.MonkeyPatch, fuzz_home: dict[str, Path]) -> None:
     monkeypatch.setattr(sdss._SkyServer, "fetch", _refuse)
     for name, (_measure, text) in list(bench_commands.BENCHMARKS.items()):
         monkeypatch.setitem(bench_commands.BENCHMARKS, name, (_refuse, text))
+    # An experiment runs namespaced hosts, probes and training: its arguments are checked,
+    # its run refuses.
+    from dataclasses import replace
+
+    from lab.experiments import EXPERIMENTS
+
+    for name, chosen in list(EXPERIMENTS.items()):
+        monkeypatch.setitem(EXPERIMENTS, name, replace(chosen, run=_refuse))
     monkeypatch.setattr(
         server_commands,
         "subprocess",

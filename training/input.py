@@ -28,27 +28,59 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from data_catalog import Manifest
 from data_catalog.layout import ProcessedLayout, SplitLayout
 
 if TYPE_CHECKING:
     from training.input_metrics import EpochInput, InputMeter
 
 
-def rows_of_rank(split: SplitLayout, rank: int, num_ranks: int) -> int:
-    """Rows ``rank`` reads of a split of equal row groups, every epoch."""
-    # petastorm gives row group i to shard i % shard_count.
-    return len(range(rank, split.num_row_groups, num_ranks)) * split.rows_per_group
-
-
-def plan_steps(split: SplitLayout, num_ranks: int, batch_size: int) -> int:
-    """Steps every rank can take in one epoch of ``split``: set by the rank with the fewest
-    rows, so that no rank waits in an allreduce for a peer that ran out of data."""
-    if split.num_row_groups < num_ranks:
+def group_rows(
+    split: SplitLayout, manifest: Manifest | None = None, name: str = "train"
+) -> list[int]:
+    """Rows of each row group of split ``name``, in petastorm's order (the files' path order):
+    all equal for a split of equal row groups; else every group of a file holds
+    ``rows_per_group`` rows but its last, which holds the rest (``manifest`` tells each
+    file's rows and groups)."""
+    if split.equal_row_groups:
+        return [split.rows_per_group] * split.num_row_groups
+    if manifest is None:
         raise ValueError(
-            f"{split.num_row_groups} row groups cannot feed {num_ranks} ranks; "
+            f"the {name} split's files end in shorter row groups: count them in its manifest"
+        )
+    per_group = split.rows_per_group
+    sizes: list[int] = []
+    for entry in sorted(manifest.files, key=lambda e: e.path):
+        if entry.path.startswith(f"{name}/") and entry.path.endswith(".parquet"):
+            groups, rows = int(entry.row_groups or 0), int(entry.rows or 0)
+            if groups:
+                sizes += [per_group] * (groups - 1) + [rows - per_group * (groups - 1)]
+    return sizes
+
+
+def _groups(split: SplitLayout | Sequence[int]) -> Sequence[int]:
+    return group_rows(split) if isinstance(split, SplitLayout) else split
+
+
+def rows_of_rank(split: SplitLayout | Sequence[int], rank: int, num_ranks: int) -> int:
+    """Rows ``rank`` reads of a split (its layout when its row groups are equal, else
+    :func:`group_rows`), every epoch."""
+    # petastorm gives row group i to shard i % shard_count.
+    return sum(_groups(split)[rank::num_ranks])
+
+
+def plan_steps(split: SplitLayout | Sequence[int], num_ranks: int, batch_size: int) -> int:
+    """Steps every rank can take in one epoch of ``split`` (its layout when its row groups
+    are equal, else :func:`group_rows`): set by the rank with the fewest rows, so that no rank
+    waits in an allreduce for a peer that ran out of data. A rank with more rows leaves some
+    of them unread each epoch: which ones changes with every epoch's order."""
+    groups = _groups(split)
+    if len(groups) < num_ranks:
+        raise ValueError(
+            f"{len(groups)} row groups cannot feed {num_ranks} ranks; "
             "preprocess with smaller row groups or train on fewer ranks"
         )
-    fewest = min(rows_of_rank(split, r, num_ranks) for r in range(num_ranks))
+    fewest = min(rows_of_rank(groups, r, num_ranks) for r in range(num_ranks))
     steps = fewest // batch_size
     if steps == 0:
         raise ValueError(
@@ -139,7 +171,7 @@ def row_group_order(num_row_groups: int, rank: int, num_ranks: int, seed: int) -
 
 
 def _reader(
-    url: str,
+    url: str | list[str],
     spec: InputSpec,
     *,
     rank: int,
@@ -167,8 +199,9 @@ def _reader(
         # matched as regular expressions (our names are plain identifiers, matched whole).
         warnings.simplefilter("ignore", FutureWarning)
         warnings.filterwarnings("ignore", message="schema_fields behavior has changed")
-        if not url.startswith("file://"):
-            options["filesystem"] = legacy_filesystem(url)
+        first = url[0] if isinstance(url, list) else url
+        if not first.startswith("file://"):
+            options["filesystem"] = legacy_filesystem(first)
         if spec.format == "petastorm":
             return make_reader(url, **options)
         return make_batch_reader(url, **options)
@@ -231,7 +264,7 @@ def _stack_rows(rows: list[Any], spec: InputSpec) -> tuple[Any, Any]:
 
 
 def epoch_batches(
-    url: str,
+    url: str | list[str],
     spec: InputSpec,
     *,
     rank: int,
@@ -321,7 +354,7 @@ def split_batches(chunks: Iterator[tuple[Any, Any]], batch_size: int) -> Iterato
 
 
 def regathered_batches(
-    url: str,
+    url: str | list[str],
     spec: InputSpec,
     *,
     sources: Sequence[tuple[int, int]],
@@ -381,7 +414,7 @@ def row_ids(inputs: Any, labels: Any) -> list[str]:
 
 
 def make_train_dataset(
-    url: str,
+    url: str | list[str],
     spec: InputSpec,
     *,
     rank: int,
@@ -509,19 +542,22 @@ def in_batches(arrays: Any, batch_size: int) -> Any:
     return without_autotuning(tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size))
 
 
-def as_url(location: str | Path) -> str:
-    """A split's folder as the URL petastorm opens: ``file://`` for a local folder, the URL
-    itself under an object-store catalog (``s3://...``: petastorm's resolver opens it with
-    s3fs, which takes its credentials and endpoint from the environment horovodrun forwards)."""
+def as_url(location: str | Path | list[str]) -> str | list[str]:
+    """A split as the URL(s) petastorm opens: ``file://`` for a local folder, the URL itself
+    under an object-store catalog (``s3://...``: petastorm's resolver opens it with s3fs,
+    which takes its credentials and endpoint from the environment horovodrun forwards); a list
+    of files' URLs stays as it is."""
+    if isinstance(location, list):
+        return location
     text = str(location)
     if "://" in text:
         return text
     return Path(text).resolve().as_uri()
 
 
-def load_split(directory: str | Path, spec: InputSpec) -> tuple[Any, Any]:
+def load_split(directory: str | Path | list[str], spec: InputSpec) -> tuple[Any, Any]:
     """A whole (evaluation) split in memory: (float32 inputs, int64 labels); ``directory`` is
-    a local folder or a URL (s3://...)."""
+    a local folder, a URL (s3://...), or the URLs of the split's files."""
     if spec.format == "petastorm":
         reader = _reader(as_url(directory), spec, rank=0, num_ranks=1, seed=1)
         try:
@@ -531,11 +567,15 @@ def load_split(directory: str | Path, spec: InputSpec) -> tuple[Any, Any]:
             reader.join()
         inputs = np.concatenate([p[0] for p in parts])
         return to_model_input(inputs), np.concatenate([p[1] for p in parts])
-    if "://" in str(directory):
+    if isinstance(directory, list) or "://" in str(directory):
         import fsspec
 
-        filesystem, path = fsspec.core.url_to_fs(str(directory))
-        table = pq.read_table(path, columns=spec.columns, filesystem=filesystem)
+        urls = directory if isinstance(directory, list) else [str(directory)]
+        filesystem, _ = fsspec.core.url_to_fs(urls[0])
+        paths: Any = [fsspec.core.url_to_fs(u)[1] for u in urls]
+        if not isinstance(directory, list):
+            paths = paths[0]
+        table = pq.read_table(paths, columns=spec.columns, filesystem=filesystem)
     else:
         table = pq.read_table(directory, columns=spec.columns)
 

@@ -32,7 +32,7 @@ from training.checkpoints import STEP_CHECKPOINT
 from training.config import LaunchConfig, TrainConfig, check_launch
 from training.fingerprint import model_code
 from training.hosts import check_hosts
-from training.input import as_url, plan_steps, rows_of_rank
+from training.input import as_url, group_rows, plan_steps
 from training.rank.config import WorkerConfig
 from training.rank.run_dir import DIVERGED_NAME, last_checkpoint
 
@@ -93,6 +93,19 @@ def _split_location(catalog: Catalog, manifest: Manifest, split: str) -> str | N
     return f"{catalog.version_url(manifest.name, manifest.version)}/{split}"
 
 
+def _split_files(catalog: Catalog, manifest: Manifest) -> dict[str, list[str]] | None:
+    """Each split's files' URLs, in path order, where the catalog keeps no folder of them (an
+    object store holding a version's files as content-addressed objects); else None."""
+    if catalog.is_local or manifest.format_version == 1:
+        return None
+    files: dict[str, list[str]] = {}
+    for entry in sorted(manifest.files, key=lambda e: e.path):
+        split, _, name = entry.path.partition("/")
+        if name.endswith(".parquet") and split in ("train", "validation", "test"):
+            files.setdefault(split, []).append(catalog.file_url(manifest, entry))
+    return files
+
+
 def train(
     catalog: Catalog,
     dataset: str,
@@ -126,7 +139,7 @@ def train(
     except ValueError as exc:
         raise ShardflowError(f"{dataset}: {exc}") from exc
     try:
-        steps = plan_steps(layout.train, config.num_ranks, config.batch_size)
+        steps = plan_steps(group_rows(layout.train, processed), config.num_ranks, config.batch_size)
     except ValueError as exc:
         raise ShardflowError(str(exc)) from exc
     name = model_name(dataset, config.model)
@@ -144,7 +157,7 @@ def train(
     if remote:
         progress(f"hosts {', '.join(remote)}: reachable by ssh, same code")
     run_dir = runs_dir / f"{name}-{version}"
-    train_url = as_url(_split_location(catalog, processed, "train") or "")
+    train_url = str(as_url(_split_location(catalog, processed, "train") or ""))
     _prepare_run_dir(runs_dir, name, run_dir, config, launch, train_url, progress)
     worker_config = WorkerConfig(
         train=config,
@@ -152,6 +165,7 @@ def train(
         train_url=train_url,
         test_dir=_split_location(catalog, processed, "test") or "",
         validation_dir=_split_location(catalog, processed, "validation"),
+        files=_split_files(catalog, processed),
         run_dir=str(run_dir),
         spec=asdict(spec),
         mean=list(layout.normalization.mean),
@@ -164,6 +178,12 @@ def train(
         f"train: {config.num_ranks} ranks x {steps} steps x {config.batch_size} per batch, "
         f"{config.epochs} epochs, on {processed.name}@{processed.version}"
     )
+    new_since = processed.extra.get("run", {}).get("new_since")
+    if new_since is not None:
+        progress(
+            f"train: {processed.ref} grew from {new_since['base']}: {len(new_since['new'])} "
+            f"parts new, {new_since['reused']} reused"
+        )
     # A resumed run's folder may hold the report of an earlier run that diverged.
     (run_dir / DIVERGED_NAME).unlink(missing_ok=True)
     with _run_dir_kept_only_with_checkpoints(run_dir):
@@ -188,7 +208,7 @@ def train(
                 "num_classes": worker_config.num_classes,
             },
             statistics=metrics,
-            rows=rows_of_rank(layout.train, 0, 1),
+            rows=layout.train.rows,
             extra={
                 "run_dir": str(run_dir),
                 # The same set every epoch; the order each rank read them in, per epoch, is a
@@ -198,6 +218,8 @@ def train(
                     processed, config.num_ranks, config.seed, config.epochs
                 ),
                 "steps_per_epoch": steps,
+                # What of the processed version is new since the one it grew from.
+                **({"input_new_since": new_since} if new_since is not None else {}),
             },
         )
     return manifest, metrics

@@ -98,18 +98,23 @@ def layout_problems(
     """The training split's layout (what the launcher plans the ranks' row groups and steps
     from) against its Parquet footers."""
     train = layout.train
-    sizes: list[int] = []
+    groups: list[list[int]] = []
     for entry in sorted(processed.files, key=lambda e: e.path):
         if entry.path.startswith("train/") and entry.path.endswith(".parquet"):
             metadata = _footer(catalog, processed, entry)
-            sizes += [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+            groups.append([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
+    sizes = [n for g in groups for n in g]
     problems = []
     if train.num_row_groups != len(sizes):
         problems.append(
             f"statistics.train.num_row_groups is {train.num_row_groups}, the train/ files hold "
             f"{len(sizes)} row groups"
         )
-    if sorted(set(sizes)) != [train.rows_per_group]:
+    # Equal row groups; or, where each file's last group may be shorter, every other full.
+    full = sizes if train.equal_row_groups else [n for g in groups for n in g[:-1]]
+    if any(n != train.rows_per_group for n in full) or any(
+        g and g[-1] > train.rows_per_group for g in groups
+    ):
         held = ", ".join(str(n) for n in sorted(set(sizes))) or "no"
         problems.append(
             f"statistics.train.rows_per_group is {train.rows_per_group}, the train/ row groups "

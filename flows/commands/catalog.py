@@ -134,6 +134,15 @@ def cmd_lineage(ctx: Context, args: argparse.Namespace) -> int:
         else:
             label += f" ({node.get('kind')})"
         out = ["  " * depth + label]
+        if "new_since" in node:
+            grew = node["new_since"]
+            new = grew.get("new", [])
+            out.append(
+                "  " * (depth + 1)
+                + f"new since {grew.get('base')}: {len(new)} ({', '.join(map(str, new[:5]))}"
+                + (", ..." if len(new) > 5 else "")
+                + f"), {grew.get('reused', 0)} reused"
+            )
         out += ["  " * (depth + 1) + f"source {s.get('uri', s)}" for s in node.get("sources", [])]
         for parent in node.get("parents", []):
             out += render(parent, depth + 1)

@@ -80,6 +80,10 @@ def cmd_server(ctx: Context, args: argparse.Namespace) -> int:
         return 0
 
 
+# Where the nightly SDSS deployment finds its exports (deploy/prefect.yaml's placeholder).
+SDSS_INBOX_ENV = "SHARDFLOW_SDSS_INBOX"
+
+
 def _check_deployment_datasets(prefect_yaml: Path) -> None:
     """Every deployment's ``dataset`` parameter must be one the registry knows."""
     import yaml
@@ -102,6 +106,12 @@ def cmd_deploy(ctx: Context, args: argparse.Namespace) -> int:
             "PREFECT_API_URL=http://127.0.0.1:4200/api, or point it at a shared server"
         )
     _check_deployment_datasets(_repository() / "deploy" / "prefect.yaml")
+    if not os.environ.get(SDSS_INBOX_ENV):
+        # The nightly SDSS deployment's source (deploy/prefect.yaml): an inbox in the home.
+        inbox = ctx.settings.home / "inbox" / "sdss"
+        inbox.mkdir(parents=True, exist_ok=True)
+        os.environ[SDSS_INBOX_ENV] = str(inbox)
+    ctx.progress(f"nightly-sdss ingests the exports in {os.environ[SDSS_INBOX_ENV]}")
     existing = _prefect("work-pool", "inspect", POOL, check=False)
     if existing.returncode != 0:
         _prefect("work-pool", "create", POOL, "--type", "process")

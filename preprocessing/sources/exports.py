@@ -783,6 +783,21 @@ class ExportsJob:
             )
         total = sum(int(r["rows"]) for r in results)
         synthetic = sum(int(r["synthetic_rows"]) for r in results)
+        bases = sorted(
+            {
+                str(self.earlier[i.stamp].manifest.ref)
+                for i in self.inputs
+                if i.stamp in self.earlier
+            }
+        )
+        if bases:
+            stage.note_run(
+                new_since={
+                    "base": bases[-1] if len(bases) == 1 else bases,
+                    "reused": sum(n["reused"] for n in noted),
+                    "new": [n["file"] for n in noted if not n["reused"]],
+                }
+            )
         manifest: Manifest = stage.commit(
             code_version=stage_code(__name__),
             sources=_sources(self.inputs, results),

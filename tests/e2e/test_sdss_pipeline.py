@@ -29,8 +29,6 @@ def test_sdss_exports_to_a_trained_dnn(shardflow: Callable[..., Result], tmp_pat
             "sdss",
             "--source",
             str(exports),
-            "--remainder",
-            "pad",
             "--np",
             "2",
             "--epochs",
@@ -43,15 +41,16 @@ def test_sdss_exports_to_a_trained_dnn(shardflow: Callable[..., Result], tmp_pat
     raw = ok(shardflow("catalog", "show", f"sdss@{ran['raw_version']}", "--json")).json
     assert raw["rows"] == 20_000
 
-    processed = ok(shardflow("preprocess", "sdss", "--remainder", "pad", "--json")).json
+    processed = ok(shardflow("preprocess", "sdss", "--json")).json
     assert processed["version"] == ran["processed_version"]
     splits = processed["splits"]
     quarantined = processed["quarantine"]["rows"]
     assert quarantined > 0  # the synthetic exports carry SDSS's -9999 sentinels
     assert processed["rows_in"] == 20_000
-    unique_out = processed["rows"] - splits["train"]["padded_rows"]
-    assert unique_out + quarantined == 20_000  # rows in = rows out + rows quarantined
-    assert splits["train"]["num_row_groups"] % 64 == 0
+    # Every good row is written once: rows in = rows out + rows quarantined.
+    assert splits["train"]["padded_rows"] == splits["train"]["dropped_rows"] == 0
+    assert processed["rows"] + quarantined == 20_000
+    assert splits["train"]["num_row_groups"] >= 64
     assert len(processed["normalization"]["mean"]) == 19
 
     trained = ok(

@@ -8,6 +8,15 @@ from dataclasses import replace
 from typing import Any
 
 from data_catalog import Manifest
+from data_catalog.layout import (
+    IDX_STEMS,
+    IdxLayout,
+    Normalization,
+    ProcessedLayout,
+    Quarantine,
+    SkyServerLayout,
+    SplitLayout,
+)
 from data_catalog.manifest import FileEntry, ParentRef
 from flows.results import (
     IngestResult,
@@ -50,13 +59,24 @@ def manifest(name: str, kind: str, **fields: Any) -> Manifest:
 
 
 def test_an_ingest_result_has_the_published_keys_and_only_the_counts_its_source_has() -> None:
+    idx = IdxLayout(
+        image_shape=(28, 28),
+        num_classes=10,
+        class_names=tuple(str(i) for i in range(10)),
+        files={stem: stem for pair in IDX_STEMS.values() for stem in pair},
+        decompressed={},
+        train_rows=60_000,
+        test_rows=10_000,
+        canonical_digests_checked=True,
+        provenance="real",
+    )
     images = ingest_result(
         "mnist",
         manifest(
             "mnist",
             "raw",
             sources=({"url": "http://h/train.gz"}, {"file": "t10k.gz"}),
-            statistics={"train_rows": 60_000, "test_rows": 10_000, "other": 1},
+            **idx.to_manifest(),
         ),
         TALLY,
     )
@@ -68,9 +88,12 @@ def test_an_ingest_result_has_the_published_keys_and_only_the_counts_its_source_
     assert images.summary() == (
         "mnist@0123456789abcdef: 70,000 rows (60,000 train + 10,000 test) in 2 files"
     )
+    sky = SkyServerLayout(
+        columns={"objid": "uint64"}, rows=70_000, num_pages=3, count_reported=70_000
+    )
     skyserver = ingest_result(
         "sdss",
-        manifest("sdss", "raw", statistics={"pages": 3, "count_reported": 70_000}),
+        manifest("sdss", "raw", parameters={"format": "skyserver"}, **sky.to_manifest()),
         TaskTally(tasks={}),
     )
     assert list(skyserver.to_json()) == [
@@ -82,25 +105,47 @@ def test_an_ingest_result_has_the_published_keys_and_only_the_counts_its_source_
 
 
 def test_a_preprocess_result_has_the_published_keys_and_says_what_was_quarantined() -> None:
+    def split(rows: int, groups: int, policy: str) -> SplitLayout:
+        return SplitLayout(
+            rows=rows,
+            source_rows=rows,
+            rows_per_group=1000,
+            num_row_groups=groups,
+            num_shards=1,
+            dropped_rows=0,
+            padded_rows=0,
+            policy=policy,
+        )
+
+    layout = ProcessedLayout(
+        kind="tabular",
+        format="parquet",
+        arrow_schema="x: float, label: int64",
+        columns=("x", "label"),
+        feature_columns=("x",),
+        label_column="label",
+        num_classes=3,
+        class_names=("STAR", "GALAXY", "QSO"),
+        split_by="hash",
+        split_fractions={"train": 0.9, "test": 0.1},
+        splits={"train": split(60_000, 60, "whole"), "test": split(9_000, 9, "whole")},
+        normalization=Normalization(mean=(0.5,), std=(1.0,), over="train"),
+        quarantine=Quarantine(rows=1_000, reasons={"nan:u": 1_000}, files=1, contents="q"),
+        rows_in=70_000,
+    )
     result = preprocess_result(
         "sdss",
         manifest(
             "sdss-processed",
             "processed",
             parents=(ParentRef(name="sdss", version="fedcba9876543210"),),
-            schema={"format": "parquet"},
-            statistics={
-                "train": {"rows": 60_000, "num_row_groups": 64, "rows_per_group": 937},
-                "test": {"rows": 9_000},
-                "quarantine": {"rows": 1_000},
-                "rows_in": 71_000,
-            },
+            **layout.to_manifest(),
         ),
         TALLY,
     )
     assert list(result.to_json()) == [
         "dataset", "name", "version", "parent", "rows", "num_files", "format", "splits",
-        "quarantine", "rows_in", "tasks", "resources",
+        "normalization", "quarantine", "rows_in", "tasks", "resources",
     ]  # fmt: skip
     assert result.parent == "sdss@fedcba9876543210"
     assert list(result.splits) == ["train", "test"]

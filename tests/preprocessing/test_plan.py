@@ -61,7 +61,7 @@ def test_too_few_rows_is_refused_naming_the_field() -> None:
         ({"rank_multiple": 0}, "rank_multiple"),
         ({"target_rows_per_group": -1}, "target_rows_per_group"),
         ({"target_rows_per_shard": 0}, "target_rows_per_shard"),
-        ({"remainder": "keep"}, "remainder"),
+        ({"remainder": "middle"}, "remainder"),
     ],
 )
 def test_bad_plan_fields_are_named(kwargs: dict[str, object], field: str) -> None:

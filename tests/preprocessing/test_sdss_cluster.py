@@ -20,9 +20,7 @@ from preprocessing.sources.synth import write_sdss_exports
 
 pytestmark = pytest.mark.e2e
 
-OPTIONS = JobOptions(
-    plan=PlanConfig(remainder="pad", target_rows_per_group=100, target_rows_per_shard=2_000)
-)
+OPTIONS = JobOptions(plan=PlanConfig(target_rows_per_group=100, target_rows_per_shard=2_000))
 
 
 def _raw(root: Path, rows: int, files: int, exports: Path | None = None) -> Catalog:

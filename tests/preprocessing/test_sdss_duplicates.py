@@ -110,14 +110,15 @@ def _check(manifest: Manifest, directory: Path, exports: Exports) -> None:
 
 @pytest.fixture(scope="module")
 def in_one_process(tmp_path_factory: pytest.TempPathFactory, exports: Exports) -> Manifest:
-    """Processed in this process, the keys in 7 buckets."""
+    """Processed in this process, the keys in 8 buckets."""
     root = tmp_path_factory.mktemp("serial")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sdss, "KEY_BUCKET_ROWS", 1_000, raising=False)
         manifest, directory, tasks = _processed(root, exports, serial_runner)
     _check(manifest, directory, exports)
-    # 6,240 raw rows in buckets of 1,000; only the third file's piece scanned again.
-    assert (tasks["duplicates"], tasks["rescan"]) == (7, 1)
+    # 6,240 raw rows in buckets of 1,000, a power of two of them; only the third file's piece
+    # scanned again.
+    assert (tasks["duplicates"], tasks["rescan"]) == (8, 1)
     return manifest
 
 

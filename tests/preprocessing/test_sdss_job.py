@@ -52,7 +52,7 @@ def _processed(root: Path, options: JobOptions, rows: int = ROWS) -> tuple[Manif
 
 @pytest.fixture(scope="module")
 def padded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Manifest, Path, int]:
-    options = JobOptions(plan=PlanConfig(remainder="pad", target_rows_per_group=50))
+    options = JobOptions(plan=PlanConfig(target_rows_per_group=50))
     return _processed(tmp_path_factory.mktemp("sdss"), options)
 
 
@@ -68,18 +68,22 @@ def test_rows_in_are_rows_out_plus_quarantined(padded: tuple[Manifest, Path, int
             table.column("objid").to_pylist(), table.column("specobjid").to_pylist(), strict=True
         )
     }
-    padding = stats["train"]["padded_rows"]
+    assert stats["train"]["padded_rows"] == stats["train"]["dropped_rows"] == 0
     assert stats["rows_in"] == ROWS
-    assert sum(t.num_rows for t in out.values()) - padding == len(ids)  # unique rows out
+    assert sum(t.num_rows for t in out.values()) == len(ids)  # every row out once
     assert len(ids) + quarantine.num_rows == ROWS
     assert stats["quarantine"]["rows"] == quarantine.num_rows >= spoiled
     reasons = quarantine.column("reason").to_pylist()
     assert {"sentinel:g", "unknown class", "sentinel:petroRad_r"} <= set(reasons)
     assert sum(stats["quarantine"]["reasons"].values()) == quarantine.num_rows
-    # Equal training row groups, a multiple of 64.
-    metadata = pq.read_metadata(next((directory / "train").glob("*.parquet")))
-    assert metadata.row_group(0).num_rows == stats["train"]["rows_per_group"]
-    assert stats["train"]["num_row_groups"] % 64 == 0
+    # One training file per raw piece, its row groups of rows_per_group rows but its last, and
+    # at least rank_multiple (64) of them.
+    per_group = stats["train"]["rows_per_group"]
+    for path in sorted((directory / "train").glob("*.parquet")):
+        metadata = pq.read_metadata(path)
+        sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        assert set(sizes[:-1]) <= {per_group} and 0 < sizes[-1] <= per_group
+    assert stats["train"]["num_row_groups"] >= 64 and stats["train"]["policy"] == "whole"
 
 
 def test_features_labels_and_statistics(padded: tuple[Manifest, Path, int]) -> None:

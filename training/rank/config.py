@@ -38,6 +38,21 @@ class WorkerConfig:
     std: list[float] | None = None
     validation_dir: str | None = None
     """Evaluated after every epoch when the processed version has a validation split."""
+    files: dict[str, list[str]] | None = None
+    """Where the ranks read each split when the catalog keeps no folder of it (an object
+    store, whose versions reference content-addressed objects): the URLs of the split's files,
+    in path order, by split. None: the folders above."""
+
+    def source(self, split: str) -> str | list[str]:
+        """What the ranks open for ``split``: its files' URLs, or its folder."""
+        if self.files is not None and split in self.files:
+            return self.files[split]
+        folder = {"train": self.train_url, "test": self.test_dir}.get(split)
+        if folder is None:
+            folder = self.validation_dir
+        if folder is None:
+            raise ValueError(f"no {split} split in this run's worker config")
+        return folder
 
     def __post_init__(self) -> None:
         if self.train.model is None:

@@ -44,7 +44,7 @@ class TrainInput:
         would have), the first of them only its rest with ``partial``."""
         train = self.config.train
         return make_train_dataset(
-            self.config.train_url,
+            self.config.source("train"),
             self.spec,
             # Horovod: this rank's row groups of the training split.
             rank=self.world.rank,
@@ -66,4 +66,4 @@ def validation_data(config: WorkerConfig, spec: InputSpec) -> Any | None:
     """The validation split in evaluation batches; None when the version has none."""
     if config.validation_dir is None:
         return None
-    return in_batches(load_split(config.validation_dir, spec), EVALUATION_BATCH)
+    return in_batches(load_split(config.source("validation"), spec), EVALUATION_BATCH)

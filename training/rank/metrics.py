@@ -168,7 +168,7 @@ def evaluate(
     # The model that is saved: no augmentation layer, no Horovod optimizer.
     export = rank_model.build(config, spec, augment=False)
     export.set_weights(built.unsplit.get_weights())
-    x_test, y_test = load_split(config.test_dir, spec)
+    x_test, y_test = load_split(config.source("test"), spec)
     logits = export.predict(in_batches(x_test, EVALUATION_BATCH), verbose=0)
     predictions = np.argmax(logits, axis=1)
     figures = {
