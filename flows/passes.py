@@ -20,11 +20,9 @@ Prefect.
 
 from __future__ import annotations
 
-import contextvars
 import heapq
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, cast
 from uuid import UUID
@@ -126,47 +124,17 @@ class PassTable:
         return f"task {task} failed: {self.failure['error']}"
 
 
-class _Sender:
-    """Sends a stage's artifacts to the Prefect API from a thread of its own, in order, so
-    that the driver never waits on the API (a task finishing while it waited would leave its
-    worker idle). Each call runs in the context it was handed in (the flow or task run it
-    belongs to). A failed call is said in the flow's log and the run goes on: a view must not
-    stop the work."""
-
-    def __init__(self, log: Progress) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.log = log
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardflow-api")
-        self.pending: list[Future[None]] = []
-
-    def send(self, call: Callable[[], object]) -> None:
-        context = contextvars.copy_context()
-
-        def sent() -> None:
-            try:
-                context.run(call)
-            except Exception as exc:
-                self.log(f"Prefect API: an artifact was not sent: {exc!r}")
-
-        self.pending = [f for f in self.pending if not f.done()]
-        self.pending.append(self.executor.submit(sent))
-
-    def flush(self) -> None:
-        """Wait until everything handed in was sent."""
-        for future in self.pending:
-            future.result()
-        self.pending = []
-
-    def close(self) -> None:
-        self.flush()
-        self.executor.shutdown()
-
-
 class StageWatch:
     """What a stage's flow run shows of its passes (its driver's ``on_progress``): a progress
-    artifact, log lines and one table per pass, each at a bounded rate, sent from a thread of
-    their own (:class:`_Sender`); a context manager, which sends the rest when it ends."""
+    artifact, log lines and one table per pass, each at a bounded rate. An artifact the API
+    refuses is said in the log and the run goes on: a view must not stop the work.
+
+    The calls are made in the driver's thread, not a thread of their own: CPython 3.11.7's
+    parser keeps its recursion depth per interpreter, and a Prefect call compiling code (a
+    forward reference) in one thread while the stage fingerprints its modules with
+    ``ast.parse`` in another failed with "SystemError: AST constructor recursion depth
+    mismatch" (docs/STACK.md). At most a hundred or so short calls per stage are not worth it.
+    """
 
     UPDATE_SECONDS = 2.0
     """Progress updates at most this often, and only once the bar moved a percent."""
@@ -175,14 +143,18 @@ class StageWatch:
     def __init__(self, key: str, description: str, bar: Bar) -> None:
         self.key = key
         self.bar = bar
-        self.logger = get_run_logger()
-        self.sender = _Sender(self.logger.warning)
-        self.artifact: UUID | None = None
         self.states: dict[str, PassProgress] = {}
         self.shown = (0.0, 0.0)  # (when, percent) of the last update
         self.logged = 0.0
         self.updates = 0
-        self.sender.send(lambda: self._create(description))
+        self.artifact: UUID | None = None
+        self._send(lambda: self._create(description))
+
+    def _send(self, call: Callable[[], object]) -> None:
+        try:
+            call()
+        except Exception as exc:  # the API's answer, whatever it is: said, and the run goes on
+            get_run_logger().warning(f"Prefect API: an artifact was not sent: {exc!r}")
 
     def _create(self, description: str) -> None:
         # "Sync compatible": typed as a value or a coroutine, a value in a synchronous flow.
@@ -194,12 +166,6 @@ class StageWatch:
     def _update(self, percent: float, description: str) -> None:
         if self.artifact is not None:  # else its creation failed, and was said
             update_progress_artifact(self.artifact, progress=percent, description=description)
-
-    def __enter__(self) -> StageWatch:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.sender.close()
 
     def log(self, line: str) -> None:
         get_run_logger().info(line)  # the pass's task run's log, in one
@@ -213,24 +179,23 @@ class StageWatch:
         if ended or (now - when >= self.UPDATE_SECONDS and percent - shown >= 1.0):
             self.shown = (now, percent)
             self.updates += 1
-            described = state.describe()
-            self.sender.send(lambda: self._update(percent, described))
+            self._send(lambda: self._update(percent, state.describe()))
         if ended or now - self.logged >= self.LOG_SECONDS:
             self.logged = now
             self.log(state.describe())
 
     def publish(self, table: PassTable) -> None:
         state = self.states.get(table.pass_name)
-        rows, description = table.rows(state), table.description(state)
-        self.sender.send(
+        self._send(
             lambda: create_table_artifact(
-                key=f"{self.key}-{table.pass_name}", table=rows, description=description
+                key=f"{self.key}-{table.pass_name}",
+                table=table.rows(state),
+                description=table.description(state),
             )
         )
 
     def finish(self, description: str) -> None:
-        self.sender.send(lambda: self._update(100.0, description))
-        self.sender.flush()
+        self._send(lambda: self._update(100.0, description))
 
 
 def _pass_name(run_key: str) -> str:
@@ -270,7 +235,6 @@ class _PassTaskRuns:
                 table.fail(exc)
                 self.watch.log(f"pass {name}: {table.failed_line()}")
                 self.watch.publish(table)
-                self.watch.sender.flush()  # the table is there when the run is failed
                 raise
             results.extend(timed["result"] for timed in ran)
             self.watch.publish(table)

@@ -108,29 +108,28 @@ def ingest_flow(
     pass of the ingest job, its tasks (one per input file) plain Dask tasks on the cluster
     ``cluster`` describes (default: a LocalCluster of one worker per usable core)."""
     settings, catalog, entry = _start(dataset, home)
-    with StageWatch(
+    watch = StageWatch(
         _key(dataset, "ingest"), f"listing {source or dataset}", lambda state: state.fraction
-    ) as watch:
-        result = stages.ingest(
-            settings,
-            catalog,
-            entry,
-            IngestRequest(source=source, skyserver=skyserver or SkyServerOptions()),
-            runner=PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info),
-            progress=get_run_logger().info,
-            on_progress=watch,
-        )
-        manifest = catalog.get(result.dataset, result.version)
-        watch.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
-        create_table_artifact(
-            key=_key(dataset, "raw-files"),
-            table=[
-                {"file": f.path, "rows": f.rows, "bytes": f.bytes, "sha256": f.sha256}
-                for f in manifest.files[:TABLE_ROWS]
-            ],
-            description=f"{dataset}@{manifest.version}: "
-            + _files_shown(manifest, "the fetched files"),
-        )
+    )
+    result = stages.ingest(
+        settings,
+        catalog,
+        entry,
+        IngestRequest(source=source, skyserver=skyserver or SkyServerOptions()),
+        runner=PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info),
+        progress=get_run_logger().info,
+        on_progress=watch,
+    )
+    manifest = catalog.get(result.dataset, result.version)
+    watch.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
+    create_table_artifact(
+        key=_key(dataset, "raw-files"),
+        table=[
+            {"file": f.path, "rows": f.rows, "bytes": f.bytes, "sha256": f.sha256}
+            for f in manifest.files[:TABLE_ROWS]
+        ],
+        description=f"{dataset}@{manifest.version}: " + _files_shown(manifest, "the fetched files"),
+    )
     return result.to_json()
 
 
@@ -179,19 +178,19 @@ def preprocess_flow(
     worker per usable core), or the cluster of its ``scheduler`` (tcp://host:8786), whose
     workers must see the catalog at the same path."""
     settings, catalog, entry = _start(dataset, home)
-    with StageWatch(_key(dataset, "preprocess"), "planning", _preprocess_bar) as watch:
-        runs = PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info)
-        result = stages.preprocess(
-            settings,
-            catalog,
-            entry,
-            options=options or JobOptions(),
-            runner=runs,
-            progress=get_run_logger().info,
-            on_progress=watch,
-        )
-        manifest = catalog.get(result.name, result.version)
-        watch.finish(f"{manifest.rows:,} rows")
+    watch = StageWatch(_key(dataset, "preprocess"), "planning", _preprocess_bar)
+    runs = PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info)
+    result = stages.preprocess(
+        settings,
+        catalog,
+        entry,
+        options=options or JobOptions(),
+        runner=runs,
+        progress=get_run_logger().info,
+        on_progress=watch,
+    )
+    manifest = catalog.get(result.name, result.version)
+    watch.finish(f"{manifest.rows:,} rows")
     _preprocess_artifacts(dataset, manifest, runs.dashboard)
     return result.to_json()
 
