@@ -146,7 +146,6 @@ class StageWatch:
         self.states: dict[str, PassProgress] = {}
         self.shown = (0.0, 0.0)  # (when, percent) of the last update
         self.logged = 0.0
-        self.updates = 0
         self.artifact: UUID | None = None
         self._send(lambda: self._create(description))
 
@@ -178,7 +177,6 @@ class StageWatch:
         when, shown = self.shown
         if ended or (now - when >= self.UPDATE_SECONDS and percent - shown >= 1.0):
             self.shown = (now, percent)
-            self.updates += 1
             self._send(lambda: self._update(percent, state.describe()))
         if ended or now - self.logged >= self.LOG_SECONDS:
             self.logged = now
