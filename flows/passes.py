@@ -136,7 +136,7 @@ class StageWatch:
     mismatch" (docs/STACK.md). At most a hundred or so short calls per stage are not worth it.
     """
 
-    UPDATE_SECONDS = 2.0
+    UPDATE_SECONDS = 5.0
     """Progress updates at most this often, and only once the bar moved a percent."""
     LOG_SECONDS = 30.0
 
