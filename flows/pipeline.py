@@ -1,18 +1,23 @@
 """Prefect flows: each stage a flow of its own, and the pipeline flow running all three.
 
     shardflow-pipeline
-      ├─ shardflow-ingest       the driver: a task run per input file on Dask; progress, a
-      │                         table of finished tasks, a table of the raw version's files
-      ├─ shardflow-preprocess   the driver: every scan and write task a task run on Dask
-      │                         (the `cluster` parameter: a LocalCluster, or a scheduler's);
-      │                         progress, table of shards, summary with the Dask dashboard
+      ├─ shardflow-ingest       the driver: a task run per pass ("convert"), its tasks (one
+      │                         per input file) plain Dask tasks; progress, a table per pass,
+      │                         a table of the raw version's files
+      ├─ shardflow-preprocess   the driver: a task run per pass ("scan", ..., "write"), on
+      │                         the `cluster` parameter's Dask cluster (a LocalCluster, or a
+      │                         scheduler's); progress, a table per pass, table of shards,
+      │                         summary with the Dask dashboard
       └─ shardflow-train        task horovodrun (its output streamed into the flow's logs);
                                 the input table per epoch while it runs; table of per-epoch
                                 metrics, summary
 
+What the Prefect API records of a run grows with its passes and epochs, never with its tasks
+(:mod:`flows.passes`): a terabyte's 57,000 preprocessing tasks are four task runs.
+
 Each stage's flow run starts the same way (:func:`_start`): its settings read once from
 ``home`` and the environment, one catalog, the dataset's registry entry looked up once; it
-hands them to :mod:`flows.stages` with a runner whose tasks are task runs. Flows only wire
+hands them to :mod:`flows.stages` with a runner whose passes are task runs. Flows only wire
 library calls; the libraries never import Prefect.
 """
 
@@ -21,17 +26,11 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
-from uuid import UUID
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.artifacts import create_progress_artifact as _create_progress_artifact
-from prefect.artifacts import update_progress_artifact as _update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
@@ -40,26 +39,15 @@ from data_catalog.errors import ShardflowError
 from data_catalog.layout import ProcessedLayout
 from flows import stages
 from flows.logs import route_library_logs
+from flows.passes import PassRuns, StageWatch
 from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
 from flows.settings import Settings
 from flows.stages import OnEpoch
 from preprocessing import datasets
-from preprocessing.cluster import dask_runner
 from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import Dataset, IngestRequest, SkyServerOptions
-from preprocessing.driver import PassProgress, Result, Runner, TaskSpec
+from preprocessing.driver import PassProgress
 from training.config import LaunchConfig, TrainConfig
-
-
-# Prefect's artifact functions are "sync compatible": typed as returning a value or a coroutine,
-# they return the value when called from a synchronous flow, as every flow here is.
-def create_progress_artifact(**kwargs: Any) -> UUID:
-    return cast(UUID, _create_progress_artifact(**kwargs))
-
-
-def update_progress_artifact(artifact_id: UUID, **kwargs: Any) -> None:
-    _update_progress_artifact(artifact_id, **kwargs)
-
 
 # Set by the CLI's --debug: keep the tracebacks of user errors in the flow logs.
 DEBUG_ENV = "SHARDFLOW_DEBUG"
@@ -105,94 +93,6 @@ def _key(*parts: str) -> str:
     return "-".join(parts).lower().replace("_", "-").replace(".", "-")
 
 
-# --- tasks on Dask ------------------------------------------------------------------------
-
-
-@task(name="stage-task", task_run_name="{key}", cache_policy=NO_CACHE)
-def stage_task(key: str, fn: Callable[..., Result], args: tuple[Any, ...]) -> Result:
-    """One task of an ingest or preprocessing job (see preprocessing.driver)."""
-    return fn(*args)
-
-
-def submit_task_run(client: Any, spec: TaskSpec, key: str) -> Any:
-    """Submit ``spec`` through Prefect's Dask client: a task run of the running flow run."""
-    return client.submit(
-        stage_task,
-        parameters={"key": spec.key, "fn": spec.fn, "args": spec.args},
-        key=key,
-        pure=False,
-    )
-
-
-class _TaskRuns:
-    """The runner of a flow's driver: every task a task run on the Dask cluster ``cluster``
-    describes; keeps the cluster's dashboard link for the summary."""
-
-    def __init__(self, cluster: ClusterConfig) -> None:
-        self.cluster = cluster
-        self.dashboard: str | None = None
-
-    @contextmanager
-    def __call__(self) -> Iterator[Runner]:
-        from prefect.settings import PREFECT_API_URL
-        from prefect_dask.client import PrefectDaskClient
-
-        # Worker processes report their task runs to this flow run's API.
-        api = {"PREFECT_API_URL": str(PREFECT_API_URL.value())} if PREFECT_API_URL.value() else {}
-        with dask_runner(
-            self.cluster,
-            get_run_logger().info,
-            client_class=PrefectDaskClient,
-            submit=submit_task_run,
-            env=api,
-        ) as runner:
-            self.dashboard = str(runner.client.dashboard_link)
-            yield runner
-
-
-class _ProgressArtifacts:
-    """A progress artifact and a table of finished tasks, kept up to date as tasks finish
-    (the table at most every few seconds: each update is a new version of it in the API)."""
-
-    TABLE_SECONDS = 5.0
-
-    def __init__(self, key: str, description: str, bar: Callable[[PassProgress], float]) -> None:
-        self.key = key
-        self.bar = bar
-        self.artifact = create_progress_artifact(
-            progress=0.0, key=f"{key}-progress", description=description
-        )
-        self.rows: list[dict[str, Any]] = []
-        self.last_table = 0.0
-
-    def __call__(self, state: PassProgress) -> None:
-        get_run_logger().info(state.describe())
-        update_progress_artifact(
-            self.artifact, progress=100.0 * self.bar(state), description=state.describe()
-        )
-        result = state.result or {}
-        self.rows.append(
-            {
-                "task": state.task_key,
-                "rows": result.get("rows"),
-                "bytes": (result.get("input") or {}).get("bytes", result.get("bytes")),
-                "reused": bool(result.get("reused")),
-                "seconds": round(state.seconds, 1),
-            }
-        )
-        done = state.tasks_done == state.tasks_total
-        if done or time.monotonic() - self.last_table > self.TABLE_SECONDS:
-            self.last_table = time.monotonic()
-            create_table_artifact(
-                key=f"{self.key}-tasks",
-                table=self.rows,
-                description=f"{state.pass_name}: {state.describe()}",
-            )
-
-    def finish(self, description: str) -> None:
-        update_progress_artifact(self.artifact, progress=100.0, description=description)
-
-
 # --- ingest --------------------------------------------------------------------------------
 
 
@@ -204,12 +104,11 @@ def ingest_flow(
     skyserver: SkyServerOptions | None = None,
     cluster: ClusterConfig | None = None,
 ) -> dict[str, Any]:
-    """Fetch and check the raw files of ``dataset`` into a raw catalog version: one task run
-    per input file on the Dask cluster ``cluster`` describes (default: a LocalCluster of one
-    worker per usable core)."""
+    """Fetch and check the raw files of ``dataset`` into a raw catalog version: a task run per
+    pass of the ingest job, its tasks (one per input file) plain Dask tasks on the cluster
+    ``cluster`` describes (default: a LocalCluster of one worker per usable core)."""
     settings, catalog, entry = _start(dataset, home)
-    runs = _TaskRuns(cluster or ClusterConfig())
-    artifacts = _ProgressArtifacts(
+    watch = StageWatch(
         _key(dataset, "ingest"), f"listing {source or dataset}", lambda state: state.fraction
     )
     result = stages.ingest(
@@ -217,21 +116,35 @@ def ingest_flow(
         catalog,
         entry,
         IngestRequest(source=source, skyserver=skyserver or SkyServerOptions()),
-        runner=runs,
+        runner=PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info),
         progress=get_run_logger().info,
-        on_progress=artifacts,
+        on_progress=watch,
     )
     manifest = catalog.get(result.dataset, result.version)
-    artifacts.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
+    watch.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
     create_table_artifact(
         key=_key(dataset, "raw-files"),
         table=[
             {"file": f.path, "rows": f.rows, "bytes": f.bytes, "sha256": f.sha256}
-            for f in manifest.files
+            for f in manifest.files[:TABLE_ROWS]
         ],
-        description=f"{dataset}@{manifest.version}: the fetched files",
+        description=f"{dataset}@{manifest.version}: " + _files_shown(manifest, "the fetched files"),
     )
     return result.to_json()
+
+
+# A table artifact lists at most this many files: the API stores it and the UI downloads it
+# whole, so a version of 57,000 files would make every view of the run slow.
+TABLE_ROWS = 100
+
+
+def _files_shown(manifest: Manifest, what: str) -> str:
+    if len(manifest.files) <= TABLE_ROWS:
+        return what
+    return (
+        f"{what}, the first {TABLE_ROWS} of {len(manifest.files):,} "
+        f"(all: `shardflow catalog show {manifest.name}@{manifest.version}`)"
+    )
 
 
 # --- preprocess ----------------------------------------------------------------------------
@@ -260,13 +173,13 @@ def preprocess_flow(
     cluster: ClusterConfig | None = None,
     options: JobOptions | None = None,
 ) -> dict[str, Any]:
-    """The latest raw version → processed shards, every task a task run on the Dask cluster
-    ``cluster`` describes: a LocalCluster (default: one worker per usable core), or the
-    cluster of its ``scheduler`` (tcp://host:8786), whose workers must see the catalog at the
-    same path."""
+    """The latest raw version → processed shards: a task run per pass of the job, its tasks
+    plain Dask tasks on the cluster ``cluster`` describes: a LocalCluster (default: one
+    worker per usable core), or the cluster of its ``scheduler`` (tcp://host:8786), whose
+    workers must see the catalog at the same path."""
     settings, catalog, entry = _start(dataset, home)
-    runs = _TaskRuns(cluster or ClusterConfig())
-    artifacts = _ProgressArtifacts(_key(dataset, "preprocess"), "planning", _preprocess_bar)
+    watch = StageWatch(_key(dataset, "preprocess"), "planning", _preprocess_bar)
+    runs = PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info)
     result = stages.preprocess(
         settings,
         catalog,
@@ -274,10 +187,10 @@ def preprocess_flow(
         options=options or JobOptions(),
         runner=runs,
         progress=get_run_logger().info,
-        on_progress=artifacts,
+        on_progress=watch,
     )
     manifest = catalog.get(result.name, result.version)
-    artifacts.finish(f"{manifest.rows:,} rows")
+    watch.finish(f"{manifest.rows:,} rows")
     _preprocess_artifacts(dataset, manifest, runs.dashboard)
     return result.to_json()
 
@@ -287,9 +200,10 @@ def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | Non
         key=_key(dataset, "shards"),
         table=[
             {"path": f.path, "rows": f.rows, "row_groups": f.row_groups, "bytes": f.bytes}
-            for f in manifest.files
+            for f in manifest.files[:TABLE_ROWS]
         ],
-        description=f"{manifest.name}@{manifest.version}: output files",
+        description=f"{manifest.name}@{manifest.version}: "
+        + _files_shown(manifest, "output files"),
     )
     layout = ProcessedLayout.of(manifest)
     create_markdown_artifact(

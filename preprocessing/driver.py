@@ -439,6 +439,7 @@ class _PassTally:
         self.bytes = 0
         self.total = len(tasks) + len(kept)
         self.rows_total = sum(t.rows for t in tasks) + self.rows
+        self.bytes_total = sum(t.bytes for t in tasks)
         if kept:
             self._report("", kept[-1])
 
@@ -461,7 +462,7 @@ class _PassTally:
                 rows_done=self.rows,
                 rows_total=self.rows_total,
                 bytes_done=self.bytes,
-                bytes_total=sum(t.bytes for t in self.tasks),
+                bytes_total=self.bytes_total,
                 seconds=time.monotonic() - self.started,
                 reused=self.reused,
                 task_key=task_key,

@@ -1,11 +1,13 @@
-"""`shardflow bench preprocess | reader | scaling | aggregation DATASET`: ratios measured side
-by side in one run (docs/preprocessing.md, docs/training.md say how to read them)."""
+"""`shardflow bench ingest | preprocess | prefect | reader | scaling | aggregation DATASET`:
+ratios measured side by side in one run (docs/preprocessing.md, docs/training.md and
+docs/prefect.md say how to read them)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from data_catalog.errors import ConfigError
 from flows.console import Context
 from flows.options import count
 from preprocessing import datasets
@@ -33,7 +35,7 @@ def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any],
     result = bench_preprocess(
         ctx.settings.catalog(),
         datasets.dataset(args.dataset),
-        rounds=args.rounds,
+        rounds=args.rounds or 3,
         progress=ctx.progress,
     )
     return result, [
@@ -46,13 +48,90 @@ def _ingest(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], lis
     from lab.bench.preprocessing import bench_ingest
 
     result = bench_ingest(
-        args.dataset, rows=args.rows, files=args.files, rounds=args.rounds, progress=ctx.progress
+        args.dataset,
+        rows=args.rows or 1_000_000,
+        files=args.files or 8,
+        rounds=args.rounds or 3,
+        progress=ctx.progress,
     )
     return result, [
         f"rows/s, shardflow ingest ({result['workers']} workers) ÷ pyarrow read_csv + "
         f"write_table: {result['ratio']:.3f}",
         *_side_lines(result),
     ]
+
+
+def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from lab.bench.prefect import bench_prefect
+
+    quick = {"rows": 2_000, "files": 20, "rounds": 1, "epochs": 1}
+    given = {"rows": args.rows, "files": args.files, "rounds": args.rounds, "epochs": args.epochs}
+    sizes = {
+        name: value if value is not None else (quick[name] if args.quick else default)
+        for (name, value), default in zip(given.items(), (2_000_000, 2_000, 2, 1), strict=True)
+    }
+    result = bench_prefect(args.dataset, source=args.source, progress=ctx.progress, **sizes)
+    ratio, load = result["ratio"], result["load_average"]
+    run = result["prefect_database"]["per_flow_run"]
+    after, empty = result["prefect_database"]["after"], result["prefect_database"]["empty"]
+    return result, [
+        f"flow ÷ plain, best round of each: wall {ratio['wall']:.3f}, CPU-seconds of all "
+        f"processes (the Prefect server's included) {ratio['cpu']:.3f}",
+        "best: "
+        + ", ".join(
+            f"{side} {result['seconds'][side]:.1f} s, {result['cpu_seconds'][side]:.1f} CPU-s"
+            for side in ("plain", "flow")
+        )
+        + f"; load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after",
+        *(
+            [
+                "one flow run in the Prefect database: "
+                + ", ".join(f"{v:,} {k}" for k, v in run.items() if not k.startswith("bytes"))
+                + f"; {run['bytes'] / 1e6:.2f} MB",
+                f"the Prefect database after {len(result['rounds']) // 2} flow runs: "
+                f"{after['bytes'] / 1e6:.2f} MB in use ({empty['bytes'] / 1e6:.2f} MB empty), "
+                f"{after['bytes_on_disk'] / 1e6:.2f} MB on disk",
+            ]
+            if run
+            else []
+        ),
+    ]
+
+
+def _prefect_ui(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from pathlib import Path
+
+    from lab.bench.prefect_ui import bench_prefect_ui
+
+    if args.dataset != "sdss":
+        raise ConfigError("dataset", "bench prefect-ui runs the ingest of sdss exports: use sdss")
+    files = args.files or 20_000
+    result = bench_prefect_ui(
+        files=files,
+        rows=args.rows or 200 * files,
+        preprocess=args.preprocess,
+        screenshots=Path(args.screenshots or ctx.settings.home / "prefect-ui").resolve(),
+        progress=ctx.progress,
+    )
+    lines = []
+    for label, run in result["runs"].items():
+        db = run["database"]
+        lines.append(
+            f"{label}: {sum(run['dask_tasks'].values()):,} Dask tasks in "
+            f"{db['task_run']} task runs; {db['events']:,} events, {db['artifact']} artifact "
+            f"versions, {db['log']} log lines, {db['bytes'] / 1e6:.2f} MB of database"
+        )
+        for page, load in run["pages"].items():
+            usable = load["usable_seconds"]
+            lines.append(
+                f"  {page}: usable after "
+                + (f"{usable:.2f} s" if usable is not None else "never (120 s)")
+                + f", longest freeze {load['longest_task_ms']:.0f} ms, "
+                f"{load['received_bytes'] / 1e6:.1f} MB downloaded, JS heap "
+                f"{load['js_heap_bytes'] / 1e6:.0f} MB, browser "
+                f"{load['browser_pss_bytes'] / 1e6:.0f} MB (PSS)"
+            )
+    return result, lines
 
 
 def _aggregation(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
@@ -62,7 +141,7 @@ def _aggregation(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any]
         ctx.settings.catalog(),
         args.dataset,
         runs_dir=ctx.settings.runs_dir,
-        epochs=args.epochs,
+        epochs=args.epochs or 3,
         progress=ctx.progress,
     )
     return result, ["ranks  passes/step  allreduce MB/epoch  test accuracy"] + [
@@ -103,6 +182,18 @@ BENCHMARKS = {
         "pyarrow's multithreaded read_csv + write_table of the same files",
     ),
     "preprocess": (_preprocess, "rows/s with 2 Dask workers ÷ a single-process baseline"),
+    "prefect": (
+        _prefect,
+        "wall and CPU seconds (the Prefect server's included) of the Prefect flow ÷ the plain "
+        "command against a Prefect server: sdss ingest of --files exports (default 2000 of "
+        "1000 rows), or the fashion-mnist pipeline (--epochs, default 1); --quick for a test",
+    ),
+    "prefect-ui": (
+        _prefect_ui,
+        "sdss: the ingest flow of --files exports (default 20000 of 200 rows; --preprocess "
+        "then the preprocess flow) watched in Prefect's V1 and V2 UIs in headless Chromium: "
+        "time to a usable page, freezes, bytes, memory, screenshots (--screenshots DIR)",
+    ),
     "reader": (_reader, "streaming ÷ in-memory epoch time"),
     "scaling": (_scaling, "samples/s on 2 ranks ÷ 1 rank, one thread per rank"),
     "aggregation": (
@@ -138,20 +229,41 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--batch-size", type=count, help="per rank (default: reader 32, scaling 128)"
     )
     bench.add_argument(
-        "--epochs", type=count, default=3, help="aggregation: epochs per run (default: 3)"
+        "--epochs",
+        type=count,
+        help="aggregation: epochs per run (default: 3); prefect fashion-mnist (default: 1)",
     )
     bench.add_argument(
         "--rows",
         type=count,
-        default=1_000_000,
-        help="ingest: synthetic rows (default: 1000000)",
+        help="ingest, prefect sdss: synthetic rows (default: 1000000; prefect 2000000)",
     )
-    bench.add_argument("--files", type=count, default=8, help="ingest: CSV files (default: 8)")
+    bench.add_argument(
+        "--files",
+        type=count,
+        help="ingest, prefect sdss: CSV files (default: 8; prefect 2000)",
+    )
     bench.add_argument(
         "--rounds",
         type=count,
-        default=3,
-        help="ingest, preprocess: alternated rounds of each side; the best of each is "
-        "compared (default: 3)",
+        help="ingest, preprocess, prefect: alternated rounds of each side; the best of each is "
+        "compared (default: 3; prefect 2)",
+    )
+    bench.add_argument(
+        "--source", help="prefect fashion-mnist: the IDX files (default: the dataset's own)"
+    )
+    bench.add_argument(
+        "--preprocess",
+        action="store_true",
+        help="prefect-ui: the preprocess flow of the ingested version too",
+    )
+    bench.add_argument(
+        "--screenshots",
+        help="prefect-ui: where the pages' screenshots go (default: $SHARDFLOW_HOME/prefect-ui)",
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="prefect: 20 sdss exports of 100 rows, one round of each side (for tests)",
     )
     bench.set_defaults(handler=cmd_bench)

@@ -44,6 +44,9 @@ CRD_SCHEMAS = {
     ("kubeflow.org/v2beta1", "MPIJob"): "mpijob-v2beta1.json",
 }
 IMAGE = "registry.example.com/shardflow:0.1.0"
+# The Prefect server's database: PostgreSQL's own image, Debian's major version (the one the
+# PostgreSQL-backed flow test runs against: tests/flows/test_prefect_postgres.py).
+POSTGRES_IMAGE = "postgres:15"
 
 
 class InvalidManifest(Exception):
@@ -210,6 +213,14 @@ BROKEN_MANIFESTS = [
         id="pvc-quantity-list",
     ),
     pytest.param(
+        "25-prefect-postgres.yaml", "containerPort: 5432", 'containerPort: "5432"',
+        "is not of type", id="statefulset-port-string",
+    ),
+    pytest.param(
+        "25-prefect-postgres.yaml", "secretKeyRef:", "secretKeyRefs:", "secretKeyRefs",
+        id="statefulset-unknown-env-field",
+    ),
+    pytest.param(
         "40-dask.yaml", "containerPort: 8786", 'containerPort: "8786"', "is not of type",
         id="daskcluster-port-string",
     ),
@@ -250,9 +261,59 @@ def test_a_broken_manifest_fails(
 
 
 def test_every_image_is_the_one_image() -> None:
-    images = {c["image"] for doc in all_manifests() for c in containers(doc)}
-    images |= {service["image"] for service in compose_services().values()}
-    assert images == {IMAGE}
+    """Every shardflow container runs the one image; the database, PostgreSQL's."""
+    kubernetes = {c["image"] for doc in all_manifests() for c in containers(doc)}
+    compose = {service["image"] for service in compose_services().values()}
+    assert kubernetes == compose == {IMAGE, POSTGRES_IMAGE}
+    postgres = [
+        c["name"] for doc in all_manifests() for c in containers(doc) if c["image"] != IMAGE
+    ]
+    assert postgres == ["postgres"]
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    """A Kubernetes container's env: name → value, or the valueFrom it names."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_the_prefect_server_runs_on_the_postgresql_deployed_beside_it() -> None:
+    """Compose and Kubernetes: the server's PREFECT_SERVER_DATABASE_* name the PostgreSQL
+    service, its user, database and password; nothing points it at SQLite."""
+    services = compose_services()
+    server = services["prefect-server"]["environment"]
+    database = services["prefect-postgres"]["environment"]
+    assert server["PREFECT_SERVER_DATABASE_DRIVER"] == "postgresql+asyncpg"
+    assert server["PREFECT_SERVER_DATABASE_HOST"] == "prefect-postgres"
+    assert services["prefect-server"]["depends_on"]["prefect-postgres"] == {
+        "condition": "service_healthy"
+    }
+    assert (server["PREFECT_SERVER_DATABASE_USER"], server["PREFECT_SERVER_DATABASE_NAME"]) == (
+        database["POSTGRES_USER"],
+        database["POSTGRES_DB"],
+    )
+    assert server["PREFECT_SERVER_DATABASE_PASSWORD"] == database["POSTGRES_PASSWORD"]
+
+    docs = {(d["kind"], d["metadata"].get("name")): d for d in all_manifests()}
+    (k8s_server,) = docs["Deployment", "prefect-server"]["spec"]["template"]["spec"]["containers"]
+    statefulset = docs["StatefulSet", "prefect-postgres"]
+    (k8s_database,) = statefulset["spec"]["template"]["spec"]["containers"]
+    env, db_env = _env(k8s_server), _env(k8s_database)
+    service = docs["Service", "prefect-postgres"]
+    assert env["PREFECT_SERVER_DATABASE_DRIVER"] == "postgresql+asyncpg"
+    assert env["PREFECT_SERVER_DATABASE_HOST"] == (
+        f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+    )
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    assert int(env["PREFECT_SERVER_DATABASE_PORT"]) == service["spec"]["ports"][0]["port"]
+    assert (env["PREFECT_SERVER_DATABASE_USER"], env["PREFECT_SERVER_DATABASE_NAME"]) == (
+        db_env["POSTGRES_USER"],
+        db_env["POSTGRES_DB"],
+    )
+    assert env["PREFECT_SERVER_DATABASE_PASSWORD"] == db_env["POSTGRES_PASSWORD"]
+    assert env["PREFECT_SERVER_DATABASE_PASSWORD"]["secretKeyRef"]["name"] == "prefect-postgres"
+    for where in (server, env):
+        assert "PREFECT_API_DATABASE_CONNECTION_URL" not in where
+        assert "PREFECT_SERVER_DATABASE_CONNECTION_URL" not in where
 
 
 def test_each_dask_worker_has_its_own_local_directory() -> None:
@@ -266,7 +327,7 @@ def test_each_dask_worker_has_its_own_local_directory() -> None:
 
     scratch = {}
     for name, service in compose_services().items():
-        if service["command"][:2] == ["dask", "worker"]:
+        if service.get("command", [])[:2] == ["dask", "worker"]:
             local = service["command"][service["command"].index("--local-directory") + 1]
             (volume,) = [v.split(":")[0] for v in service["volumes"] if v.endswith(f":{local}")]
             scratch[name] = volume
@@ -313,7 +374,7 @@ def test_compose_file_validates() -> None:
 
 def test_compose_cluster_has_its_parts() -> None:
     services = compose_services()
-    commands = {name: service["command"] for name, service in services.items()}
+    commands = {name: service.get("command", []) for name, service in services.items()}
     assert commands["prefect-server"][:3] == ["prefect", "server", "start"]
     assert commands["prefect-worker"][:3] == ["prefect", "worker", "start"]
     assert commands["dask-scheduler"][:2] == ["dask", "scheduler"]
@@ -321,7 +382,7 @@ def test_compose_cluster_has_its_parts() -> None:
     trainer = build_parser().parse_args(commands["trainer"][1:])
     assert (trainer.command, trainer.hosts, trainer.num_ranks) == ("train", "localhost:2", 2)
     for name, service in services.items():
-        if name != "prefect-server":
+        if name not in ("prefect-server", "prefect-postgres"):
             assert service["environment"]["SHARDFLOW_HOME"] == "/shardflow", name
             assert service["environment"]["PREFECT_API_URL"] == "http://prefect-server:4200/api"
             assert "shardflow-home:/shardflow" in service["volumes"], name

@@ -1,6 +1,7 @@
 """The flows under Prefect's test harness: the preprocess flow on a cluster given as a
-parameter, its task runs and artifacts; the registry's default model; the stage results'
-JSON shapes."""
+parameter; what a run records in Prefect (a task run per pass, an artifact version per pass,
+whatever the number of tasks); a failed task named in the UI; the registry's default model;
+the stage results' JSON shapes."""
 
 from __future__ import annotations
 
@@ -46,19 +47,51 @@ def sdss_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-def test_preprocess_flow_runs_on_the_scheduler_it_is_given(harness: str, sdss_home: Path) -> None:
+def recorded(flow_run_id: Any) -> dict[str, Any]:
+    """What the API holds of one flow run: its task runs (by name), its artifacts (every
+    version), its logs."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.logging.handlers import APILogWorker
 
+    APILogWorker.drain_all(timeout=30)
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {
+        "task_runs": {t.name: t for t in task_runs},
+        "artifacts": artifacts,
+        "logs": logs,
+    }
+
+
+def table(artifact: Any) -> list[dict[str, Any]]:
+    data = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    assert isinstance(data, list)
+    return data
+
+
+def test_preprocess_flow_runs_on_the_scheduler_it_is_given(harness: str, sdss_home: Path) -> None:
     from flows.pipeline import preprocess_flow
 
-    # A cluster of its own, as a deployment's `cluster` parameter would name; its workers
-    # report task runs to the same API, as a real cluster's workers are configured to.
+    # A cluster of its own, as a deployment's `cluster` parameter would name; its workers need
+    # nothing of Prefect (no API URL): its tasks are plain Dask tasks under the pass task runs.
     with LocalCluster(
-        n_workers=1,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        env={"PREFECT_API_URL": harness},
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
     ) as remote:
         state = preprocess_flow(
             dataset="sdss",
@@ -73,12 +106,87 @@ def test_preprocess_flow_runs_on_the_scheduler_it_is_given(harness: str, sdss_ho
         prefixes = set(remote.scheduler.task_prefixes)
         assert {"scan", "duplicates", "write"} <= prefixes, prefixes
     assert result["splits"]["train"]["num_row_groups"] >= 8
-    with get_client(sync_client=True) as client:
-        task_runs = client.read_task_runs()
-        names = {t.name for t in task_runs if t.flow_run_id == state.state_details.flow_run_id}
-        artifacts = {a.key for a in client.read_artifacts()}
-    assert {"scan-00000", "write-00000"} <= names
-    assert {"sdss-preprocess-progress", "sdss-shards", "sdss-preprocess-summary"} <= artifacts
+    run = recorded(state.state_details.flow_run_id)
+    # One task run per pass that had tasks, not one per Dask task.
+    passes = {name for name, counts in result["tasks"].items() if counts["tasks"]}
+    assert set(run["task_runs"]) == passes
+    assert {"scan", "write"} <= passes
+    assert {t.state_type.value for t in run["task_runs"].values()} == {"COMPLETED"}
+    keys = [a.key for a in run["artifacts"]]
+    # One version of each: progress, a table per pass, the shards, the summary.
+    assert sorted(keys) == sorted(
+        ["sdss-preprocess-progress", "sdss-shards", "sdss-preprocess-summary"]
+        + [f"sdss-preprocess-{name}" for name in passes]
+    )
+    write = next(a for a in run["artifacts"] if a.key == "sdss-preprocess-write")
+    rows = table(write)
+    total = result["tasks"]["write"]["tasks"]
+    assert rows[0]["task"] == f"all {total:,} tasks"
+    assert rows[0]["rows"] == result["rows"]
+    assert 1 <= len(rows) - 1 <= min(total, 10)  # the slowest, no more than ten
+    assert all(row["task"].startswith("slowest: write-") for row in rows[1:])
+
+
+def test_what_a_run_records_does_not_grow_with_its_tasks(harness: str, tmp_path: Path) -> None:
+    """120 exports: one task run, one version of each artifact, a bounded log; the table of
+    raw files holds its first 100 and says where the rest are."""
+    from flows.pipeline import TABLE_ROWS, ingest_flow
+    from preprocessing.sources.synth import write_sdss_exports
+
+    write_sdss_exports(tmp_path / "exports", rows=1_200, files=120, fmt="csv", seed=2)
+    state = ingest_flow(
+        dataset="sdss",
+        home=str(tmp_path / "home"),
+        source=str(tmp_path / "exports"),
+        cluster=ClusterConfig(workers=1),
+        return_state=True,
+    )
+    assert state.is_completed(), state.message
+    run = recorded(state.state_details.flow_run_id)
+    assert list(run["task_runs"]) == ["convert"]
+    by_key = {a.key: a for a in run["artifacts"]}
+    assert len(by_key) == len(run["artifacts"]) == 3
+    convert = table(by_key["sdss-ingest-convert"])
+    assert convert[0]["task"] == "all 120 tasks"
+    assert (convert[0]["rows"], convert[0]["reused"]) == (1_200, "0")
+    assert len(convert) == 11  # the total and the ten slowest
+    raw_files = by_key["sdss-raw-files"]
+    assert len(table(raw_files)) == TABLE_ROWS
+    assert "the first 100 of 120" in str(raw_files.description)
+    assert float(by_key["sdss-ingest-progress"].data) == 100.0  # type: ignore[arg-type]
+    # A few lines of progress, not one per task.
+    assert len(run["logs"]) < 20, [log.message for log in run["logs"]]
+
+
+def test_a_failed_task_is_named_with_its_error(harness: str, tmp_path: Path) -> None:
+    """The third of four exports is damaged: the flow run fails naming the file; so do its
+    pass's task run and the pass's table, which names the task."""
+    from flows.pipeline import ingest_flow
+    from preprocessing.sources.synth import write_sdss_exports
+
+    paths = write_sdss_exports(tmp_path / "exports", rows=400, files=4, fmt="csv", seed=2)
+    damaged = sorted(paths)[2]
+    with open(damaged, "a") as f:
+        f.write("1,2,3\n")
+    state = ingest_flow(
+        dataset="sdss",
+        home=str(tmp_path / "home"),
+        source=str(tmp_path / "exports"),
+        cluster=ClusterConfig(workers=1),
+        return_state=True,
+    )
+    assert state.is_failed()
+    assert damaged.name in str(state.message)
+    run = recorded(state.state_details.flow_run_id)
+    convert = run["task_runs"]["convert"]
+    assert convert.state_type.value == "FAILED"
+    assert damaged.name in str(convert.state.message)
+    (pass_table,) = [a for a in run["artifacts"] if a.key == "sdss-ingest-convert"]
+    failed = [row for row in table(pass_table) if row["task"].startswith("FAILED")]
+    assert [row["task"] for row in failed] == ["FAILED convert-00003"]
+    assert damaged.name in failed[0]["error"]
+    assert "convert-00003" in str(pass_table.description)
+    assert any("convert-00003" in log.message for log in run["logs"])
 
 
 def test_preprocess_flow_refuses_a_malformed_scheduler_in_one_line(
