@@ -266,7 +266,7 @@ def _stack_rows(rows: list[Any], spec: InputSpec) -> tuple[Any, Any]:
     return images.reshape(len(rows), *spec.image_shape), labels
 
 
-def _row_group_chunks(
+def row_group_chunks(
     url: str | list[str], spec: InputSpec, *, rank: int, num_ranks: int, seed: int
 ) -> Iterator[tuple[Any, Any]]:
     """The rank's row groups in petastorm's planned order (:func:`row_group_order`), read with
@@ -311,7 +311,7 @@ def _reblocked(chunks: Iterator[tuple[Any, Any]], rows: int) -> Iterator[tuple[A
 def _petastorm_chunks(
     url: str | list[str], spec: InputSpec, *, rank: int, num_ranks: int, seed: int
 ) -> Iterator[tuple[Any, Any]]:
-    """The same chunks as :func:`_row_group_chunks`, read through petastorm's own reader."""
+    """The same chunks as :func:`row_group_chunks`, read through petastorm's own reader."""
     reader = _reader(url, spec, rank=rank, num_ranks=num_ranks, seed=seed)
     try:
         yield from _batches(reader, spec)
@@ -320,7 +320,7 @@ def _petastorm_chunks(
         reader.join()
 
 
-READERS = {"pyarrow": _row_group_chunks, "petastorm": _petastorm_chunks}
+READERS = {"pyarrow": row_group_chunks, "petastorm": _petastorm_chunks}
 """The rank's reader: pyarrow's row groups in petastorm's planned order (training.row_groups),
 or petastorm's own reader (kept to check that the two agree, and to compare them)."""
 
@@ -427,6 +427,26 @@ def skip_batches(
             continue
         yield (x[rows:], y[rows:]) if rows else (x, y)
         rows = 0
+
+
+# The most bytes of one chunk handed to tf.data (each is scaled to float32 at once): whole
+# batches of small images by the hundred, of ImageNet-size ones a few at a time.
+CHUNK_BYTES = 16 * 2**20
+
+
+def bounded_chunks(
+    chunks: Iterator[tuple[Any, Any]], batch_size: int, max_bytes: int
+) -> Iterator[tuple[Any, Any]]:
+    """Chunks of whole batches cut (as views) into chunks of at most ``max_bytes`` of inputs,
+    or one batch where a batch is larger."""
+    for x, y in chunks:
+        row_bytes = x.nbytes // len(y) if len(y) else 1
+        rows = max(1, max_bytes // (row_bytes * batch_size)) * batch_size
+        if len(y) <= rows:
+            yield x, y
+            continue
+        for start in range(0, len(y), rows):
+            yield x[start : start + rows], y[start : start + rows]
 
 
 def split_batches(chunks: Iterator[tuple[Any, Any]], batch_size: int) -> Iterator[tuple[Any, Any]]:
@@ -567,7 +587,7 @@ def make_train_dataset(
 
                 chunks = metered(chunks, record, batch_size=batch_size, delay=test_delay)
             if record_rows is None:
-                yield from chunks
+                yield from bounded_chunks(chunks, batch_size, CHUNK_BYTES)
                 continue
             step = first_step
             with record_rows.open("a") as log:
@@ -647,7 +667,7 @@ def load_split(directory: str | Path | list[str], spec: InputSpec) -> tuple[Any,
     a local folder, a URL (s3://...), or the URLs of the split's files."""
     if spec.format == "petastorm":
         # The order petastorm's reader of seed 1 gave (training.row_groups reads it).
-        parts = list(_row_group_chunks(as_url(directory), spec, rank=0, num_ranks=1, seed=1))
+        parts = list(row_group_chunks(as_url(directory), spec, rank=0, num_ranks=1, seed=1))
         inputs = np.concatenate([p[0] for p in parts])
         return to_model_input(inputs), np.concatenate([p[1] for p in parts])
     if isinstance(directory, list) or "://" in str(directory):

@@ -1,9 +1,10 @@
-"""`shardflow bench preprocess | reader | scaling | aggregation DATASET`: ratios measured side
-by side in one run (docs/preprocessing.md, docs/training.md say how to read them)."""
+"""`shardflow bench preprocess | reader | scaling | storage | aggregation DATASET`: ratios
+measured side by side in one run (docs/preprocessing.md, docs/training.md say how to read them)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from flows.console import Context
@@ -96,6 +97,29 @@ def _scaling(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
     return result, [f"samples/s, 2 ranks ÷ 1 rank (1 thread each): {result['ratio']:.3f}"]
 
 
+def _storage(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from lab.bench import storage
+
+    request = storage.StorageRequest(
+        dataset=args.dataset,
+        accelerator=args.accelerator,
+        num_ranks=args.ranks,
+        memory_limit=args.memory_limit,
+        batch_size=args.batch_size,
+        model=args.model,
+        rounds=args.rounds,
+        grow_rows=args.grow_rows,
+        image_size=args.image_size,
+        grown_dir=args.grown_dir,
+        search=not args.no_search,
+        max_ranks=args.max_ranks,
+        quick=args.quick,
+        **({"shuffle_buffer": args.shuffle_buffer} if args.shuffle_buffer else {}),
+    )
+    result = storage.bench_storage(ctx.settings.catalog(), request, progress=ctx.progress)
+    return result, storage.summary_lines(result)
+
+
 BENCHMARKS = {
     "ingest": (
         _ingest,
@@ -105,6 +129,11 @@ BENCHMARKS = {
     "preprocess": (_preprocess, "rows/s with 2 Dask workers ÷ a single-process baseline"),
     "reader": (_reader, "streaming ÷ in-memory epoch time"),
     "scaling": (_scaling, "samples/s on 2 ranks ÷ 1 rank, one thread per rank"),
+    "storage": (
+        _storage,
+        "MLPerf-Storage-style: the ranks' input feeding emulated accelerators (AU), beside the "
+        "device's direct read and pq → numpy of the same row groups",
+    ),
     "aggregation": (
         _aggregation,
         "ranks x backward passes per step -> allreduce bytes, test accuracy",
@@ -156,4 +185,58 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         help="ingest, preprocess: alternated rounds of each side; the best of each is "
         "compared (default: 3)",
     )
+    _storage_flags(bench)
     bench.set_defaults(handler=cmd_bench)
+
+
+def _storage_flags(bench: argparse.ArgumentParser) -> None:
+    from lab.bench.accelerators import NAMES
+    from lab.bench.storage import parse_size
+
+    def size(text: str) -> int:
+        try:
+            return parse_size(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    group = bench.add_argument_group("storage")
+    group.add_argument(
+        "--accelerator", choices=NAMES, default="a100", help="emulated (default: a100)"
+    )
+    group.add_argument(
+        "--ranks", type=whole_number, default=1, help="ranks, one emulated accelerator each"
+    )
+    group.add_argument(
+        "--memory-limit",
+        type=size,
+        metavar="SIZE",
+        help="run the ranks in a memory cgroup this large, cold cache before every phase (root)",
+    )
+    group.add_argument(
+        "--model", help="the emulated model (default: cnn, dnn; resnet50 at 224x224x3)"
+    )
+    group.add_argument(
+        "--grow-rows",
+        type=whole_number,
+        default=0,
+        help="read a training split grown to this many rows from the version's real images",
+    )
+    group.add_argument(
+        "--image-size", type=whole_number, help="grown images at SIZExSIZEx3 (224: ImageNet-size)"
+    )
+    group.add_argument(
+        "--grown-dir", type=Path, help="keep the grown split here, reused when it matches"
+    )
+    group.add_argument(
+        "--shuffle-buffer", type=whole_number, help="rows (default: training's, 4096)"
+    )
+    group.add_argument(
+        "--max-ranks",
+        type=whole_number,
+        default=16,
+        help="the search for the most accelerators stops here (default: 16)",
+    )
+    group.add_argument(
+        "--no-search", action="store_true", help="predict the most accelerators, do not search"
+    )
+    group.add_argument("--quick", action="store_true", help="seconds: one short round, no search")
