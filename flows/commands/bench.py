@@ -1,5 +1,6 @@
-"""`shardflow bench preprocess | reader | scaling | storage | aggregation DATASET`: ratios
-measured side by side in one run (docs/preprocessing.md, docs/training.md say how to read them)."""
+"""`shardflow bench preprocess | reader | scaling | storage | callbacks | aggregation DATASET`:
+ratios measured side by side in one run (docs/preprocessing.md, docs/training.md say how to
+read them)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,22 @@ def _storage(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
     return result, storage.summary_lines(result)
 
 
+def _callbacks(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from lab.bench.callbacks import bench_callbacks
+
+    result = bench_callbacks(
+        ctx.settings.catalog(), args.dataset, progress=ctx.progress, **_sizes(args)
+    )
+    steps = result["step_seconds"]
+    return result, [
+        f"step time with shardflow's callbacks ÷ without: {result['ratio']:.4f} "
+        f"({steps['with'] * 1e3:.2f} ms, {steps['without'] * 1e3:.2f} ms per step); time in "
+        f"their hooks: {result['hook_share']:.2%} of the steps with them",
+        "Keras's slow-callback warning: "
+        + ("; ".join(result["keras_slow_callback_warnings"]) or "none"),
+    ]
+
+
 BENCHMARKS = {
     "ingest": (
         _ingest,
@@ -134,6 +151,7 @@ BENCHMARKS = {
         "MLPerf-Storage-style: the ranks' input feeding emulated accelerators (AU), beside the "
         "device's direct read and pq → numpy of the same row groups",
     ),
+    "callbacks": (_callbacks, "step time with shardflow's Keras callbacks ÷ without them"),
     "aggregation": (
         _aggregation,
         "ranks x backward passes per step -> allreduce bytes, test accuracy",
