@@ -5,7 +5,7 @@ ranks read (Parquet, an ``image`` binary column and a ``label``, equal row group
 
 Every row group is a seeded transform of real images, never an unchanged copy: resized
 (bilinear) when asked, shifted by up to 2 pixels (16 at 224), mirrored where the source is
-colour (CIFAR-10's classes allow it). The folder holds GROWN.json, saying so; a folder that
+colour (CIFAR-10's classes allow it). The folder holds _GROWN.json, saying so; a folder that
 already holds the same request is reused (a 10 GB split is written once for several runs).
 """
 
@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 from training.input import InputSpec, as_url, row_group_chunks
 
-MARKER = "GROWN.json"
+# Underscored: readers (petastorm, training.row_groups) take it for metadata, not data.
+MARKER = "_GROWN.json"
 GROUPS_PER_FILE = 16
 
 
