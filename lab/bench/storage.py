@@ -148,10 +148,24 @@ def drop_caches() -> None:
         raise ShardflowError(f"cold cache needs root: {DROP_CACHES}: {error}") from None
 
 
-def device_read(paths: list[str], procs: Path | None) -> dict[str, Any]:
+DEVICE_READ_BYTES = 2**30
+"""What the device read reads of a split each round: its first whole files up to 1 GiB."""
+
+
+def device_read(
+    paths: list[str], procs: Path | None, limit: int = DEVICE_READ_BYTES
+) -> dict[str, Any]:
     """The files read one after another at the device (``dd iflag=direct``: no page cache),
-    in the cgroup when given: MB/s, or why not (a file system without direct I/O)."""
-    total = sum(os.path.getsize(p) for p in paths)
+    the first of them up to ``limit`` bytes, in the cgroup when given: MB/s, or why not (a file
+    system without direct I/O)."""
+    chosen: list[str] = []
+    total = 0
+    for path in paths:
+        if chosen and total >= limit:
+            break
+        chosen.append(path)
+        total += os.path.getsize(path)
+    paths = chosen
     before = os.times()
     started = time.perf_counter()
     for path in paths:
@@ -444,7 +458,11 @@ def summarize(
     file_bytes_per_row = split.file_bytes / sum(split.group_rows)
     supply_rows = sum(_rate(x) for x in best_input["ranks"])
     supply_file_mb_s = supply_rows * file_bytes_per_row / 1e6
-    device_ratio = supply_file_mb_s / device_mb_s if device_mb_s else None
+    best_reader = max(rounds, key=lambda r: sum(_rate(x) for x in r["reader"]["ranks"]))
+    reader_rows = sum(_rate(x) for x in best_reader["reader"]["ranks"])
+    reader_file_mb_s = reader_rows * file_bytes_per_row / 1e6
+    device_ratio = reader_file_mb_s / device_mb_s if device_mb_s else None
+    supply_ratio = supply_file_mb_s / device_mb_s if device_mb_s else None
     emulate_wall = max(x["wall"] for x in best_emulate["ranks"])
     delivered = sum(x["bytes"] for x in best_emulate["ranks"]) / emulate_wall / 1e6
     au = min(x["au"] for x in best_emulate["ranks"])
@@ -459,6 +477,9 @@ def summarize(
         "supply_rows_per_second": supply_rows,
         "supply_mb_s": supply_rows * split.row_bytes / 1e6,
         "supply_file_mb_s": supply_file_mb_s,
+        "reader_rows_per_second": reader_rows,
+        "reader_mb_s": reader_rows * split.row_bytes / 1e6,
+        "reader_file_mb_s": reader_file_mb_s,
         "device_read_mb_s": device_mb_s,
         "device_ratio": device_ratio,
         "device_error": next(
@@ -469,8 +490,8 @@ def summarize(
         "host_busy": {
             p: max(r[p]["host_busy"] for r in rounds) for p in ("read_table", "reader", "emulate")
         },
-        "binding": _binding(best_input, device_ratio, cold),
-        "au_binding": "accelerator" if au >= AU_GOAL else _binding(best_input, device_ratio, cold),
+        "binding": _binding(best_input, supply_ratio, cold),
+        "reader_binding": _binding(best_reader["reader"], device_ratio, cold),
         "per_rank": per_rank,
     }
 
@@ -606,15 +627,17 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"AU {result['au']:.3f} (lowest rank; mean {result['au_mean']:.3f}), "
         f"{result['samples_per_second']:,.0f} samples/s, {result['delivered_mb_s']:,.1f} MB/s "
         f"delivered, {result['cpu_seconds_per_gb']:.2f} CPU-s/GB",
-        f"input alone: {result['supply_rows_per_second']:,.0f} rows/s "
-        f"({result['supply_file_mb_s']:,.1f} MB/s of files); device direct read "
+        f"as fast as they go: the ranks' readers {result['reader_rows_per_second']:,.0f} "
+        f"rows/s ({result['reader_file_mb_s']:,.1f} MB/s of files), into TensorFlow "
+        f"{result['supply_rows_per_second']:,.0f} rows/s; device direct read "
         + (
-            f"{device:,.1f} MB/s (ratio {result['device_ratio']:.2f})"
+            f"{device:,.1f} MB/s (readers ÷ device {result['device_ratio']:.2f})"
             if device
             else f"unavailable: {result['device_error']}"
         ),
         f"rows/s per rank ÷ pq read → numpy: {result['read_table_ratio']:.3f}; CPU-s per row "
-        f"÷ its: {result['cpu_per_row_ratio']:.3f}; binding: {result['binding']}",
+        f"÷ its: {result['cpu_per_row_ratio']:.3f}; binding: {result['binding']} (the readers "
+        f"alone: {result['reader_binding']})",
         f"most emulated {acc['accelerator']}s at AU ≥ {AU_GOAL}: {result['max_accelerators']}"
         + ("" if result["max_accelerators_searched"] else " (predicted, not searched)"),
         f"load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after; "
