@@ -251,8 +251,8 @@ def _storage_flags(bench: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-ranks",
         type=whole_number,
-        default=16,
-        help="the search for the most accelerators stops here (default: 16)",
+        default=8,
+        help="the search for the most accelerators stops here (default: 8)",
     )
     group.add_argument(
         "--no-search", action="store_true", help="predict the most accelerators, do not search"

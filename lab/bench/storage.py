@@ -78,7 +78,7 @@ class StorageRequest:
     image_size: int | None = None
     grown_dir: Path | None = None
     search: bool = True
-    max_ranks: int = 16
+    max_ranks: int = 8
     quick: bool = False
 
 
@@ -526,26 +526,25 @@ def search_accelerators(
     procs: Path | None,
     progress: Progress,
 ) -> tuple[int, dict[str, float]]:
-    """The most emulated accelerators this host keeps at AU ≥ 0.9: from the prediction, up
-    while they pass, down while they fail; (that number, AU by count tried)."""
+    """The most emulated accelerators this host keeps at AU ≥ 0.9 (at most ``max_ranks``): a
+    bisection that starts at the prediction, doubles while it passes and halves the gap when
+    it fails; (that number, the lowest AU by count tried)."""
     tried: dict[int, float] = {}
-
-    def passes(n: int) -> bool:
-        if n not in tried:
-            tried[n] = _trial(request, split, workload, n, scratch, procs)
-            progress(f"bench storage: {n} emulated {workload.accelerator}(s): AU {tried[n]:.3f}")
-        return tried[n] >= AU_GOAL
-
+    passed, failed = 0, request.max_ranks + 1
     n = min(max(1, predicted), request.max_ranks)
-    if passes(n):
-        while n < request.max_ranks and passes(n + 1):
-            n += 1
-        best = n
-    else:
-        while n > 1 and not passes(n - 1):
-            n -= 1
-        best = n - 1
-    return best, {str(k): v for k, v in sorted(tried.items())}
+    while failed - passed > 1:
+        tried[n] = _trial(request, split, workload, n, scratch, procs)
+        progress(f"bench storage: {n} emulated {workload.accelerator}(s): AU {tried[n]:.3f}")
+        if tried[n] >= AU_GOAL:
+            passed = n
+            n = min(2 * n, failed - 1) if failed > request.max_ranks else (n + failed) // 2
+        else:
+            failed = n
+            n = (passed + n) // 2
+        n = max(n, passed + 1) if n < failed else n
+        if n >= failed or n <= passed:
+            break
+    return passed, {str(k): v for k, v in sorted(tried.items())}
 
 
 def bench_storage(
@@ -600,6 +599,7 @@ def bench_storage(
         **figures,
         "max_accelerators": most,
         "max_accelerators_searched": bool(tried),
+        "max_accelerators_capped": most >= request.max_ranks,
         "max_accelerators_predicted": predicted,
         "search": tried,
         "rounds": len(rounds),

@@ -135,3 +135,36 @@ def test_bench_storage_quick_reports_every_figure(
     wrong = shardflow("bench", "storage", "fashion-mnist", "--model", "resnet50", "--quick")
     assert wrong.returncode == 1
     assert wrong.stderr.strip().count("\n") == 0 and "no emulated a100 for resnet50" in wrong.stderr
+
+
+@pytest.mark.parametrize("most", [0, 1, 3, 5, 8, 12])
+@pytest.mark.parametrize("predicted", [0, 1, 4, 20])
+def test_the_search_finds_the_most_accelerators_kept_busy(
+    monkeypatch: pytest.MonkeyPatch, most: int, predicted: int
+) -> None:
+    from types import SimpleNamespace
+
+    from lab.bench import storage
+
+    launched: list[int] = []
+
+    def trial(*args: object) -> float:
+        n = int(args[3])  # type: ignore[call-overload]
+        launched.append(n)
+        return 0.95 if n <= most else 0.6
+
+    monkeypatch.setattr(storage, "_trial", trial)
+    request = SimpleNamespace(max_ranks=8)
+    found, tried = storage.search_accelerators(
+        request,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        SimpleNamespace(accelerator="a100"),  # type: ignore[arg-type]
+        predicted,
+        Path("."),
+        None,
+        lambda _m: None,
+    )
+    assert found == min(most, 8)
+    # Doubling, then bisecting: never a count twice, at most 2 log2(8) launches.
+    assert len(launched) == len(set(launched)) <= 6
+    assert set(tried) == {str(n) for n in launched}
