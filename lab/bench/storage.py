@@ -504,14 +504,20 @@ def _trial(
     scratch: Path,
     procs: Path | None,
 ) -> float:
-    """The lowest AU of ``num_ranks`` emulated accelerators fed at once (one emulate phase)."""
-    ranks = Ranks(_plans(request, split, workload, num_ranks), scratch, procs)
+    """The lowest AU of ``num_ranks`` emulated accelerators fed at once (one emulate phase);
+    0 when their ranks do not fit in the memory limit (a rank process killed)."""
+    try:
+        ranks = Ranks(_plans(request, split, workload, num_ranks), scratch, procs)
+    except ShardflowError:
+        return 0.0
     try:
         if request.memory_limit is not None:
             drop_caches()
         else:
             ranks.run("read_table", 0)
         result = ranks.run("emulate", 0)
+    except ShardflowError:
+        return 0.0
     finally:
         ranks.close()
     return float(min(r["au"] for r in result["ranks"]))
