@@ -226,6 +226,7 @@ class Ranks:
             )
         for process in self.processes:
             self._answer(process)
+        self.run("warmup", 0)
 
     def _answer(self, process: subprocess.Popen[str]) -> dict[str, Any]:
         assert process.stdout is not None
@@ -531,13 +532,22 @@ def search_accelerators(
     scratch: Path,
     procs: Path | None,
     progress: Progress,
+    known_au: float | None = None,
 ) -> tuple[int, dict[str, float]]:
     """The most emulated accelerators this host keeps at AU ≥ 0.9 (at most ``max_ranks``): a
     bisection that starts at the prediction, doubles while it passes and halves the gap when
     it fails; (that number, the lowest AU by count tried)."""
     tried: dict[int, float] = {}
     passed, failed = 0, request.max_ranks + 1
-    n = min(max(1, predicted), request.max_ranks)
+    if known_au is not None:
+        # The rounds' own count: passed or failed already.
+        if known_au >= AU_GOAL:
+            passed = min(request.num_ranks, request.max_ranks)
+        else:
+            failed = request.num_ranks
+    n = min(max(passed + 1, predicted), request.max_ranks, failed - 1)
+    if failed - passed <= 1:
+        return passed, {}
     while failed - passed > 1:
         tried[n] = _trial(request, split, workload, n, scratch, procs)
         progress(f"bench storage: {n} emulated {workload.accelerator}(s): AU {tried[n]:.3f}")
@@ -582,7 +592,14 @@ def bench_storage(
             predicted = int(figures["supply_rows_per_second"] / (AU_GOAL * demand))
             if request.search and not request.quick:
                 most, tried = search_accelerators(
-                    request, split, workload, predicted, scratch_root, procs, progress
+                    request,
+                    split,
+                    workload,
+                    predicted,
+                    scratch_root,
+                    procs,
+                    progress,
+                    known_au=figures["au"],
                 )
             else:
                 most, tried = min(predicted, request.max_ranks), {}
