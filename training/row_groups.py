@@ -24,14 +24,34 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:
-    from training.input import InputSpec
+
+class InputSpec(Protocol):
+    """What of training.input.InputSpec the reader reads (this module sits below it)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def format(self) -> str: ...
+
+    @property
+    def image_shape(self) -> list[int]: ...
+
+    @property
+    def feature_columns(self) -> list[str]: ...
+
+    @property
+    def label_column(self) -> str: ...
+
+    @property
+    def columns(self) -> list[str]: ...
+
 
 # Row groups read ahead of the one handed over, by reader threads: on a cold page cache the
 # epoch's order reads its row groups at random over the files, and a disk keeps up with such
