@@ -200,8 +200,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--rounds",
         type=whole_number,
         default=3,
-        help="ingest, preprocess: alternated rounds of each side; the best of each is "
-        "compared (default: 3)",
+        help="ingest, preprocess, storage: alternated rounds of each side; the best of each "
+        "is compared (default: 3)",
     )
     _storage_flags(bench)
     bench.set_defaults(handler=cmd_bench)
