@@ -416,7 +416,9 @@ def _best(
 
 
 def _least_cpu_per_row(rounds: list[dict[str, Any]], phase: str, rank: int) -> float:
-    return min(r[phase]["ranks"][rank]["cpu"] / r[phase]["ranks"][rank]["rows"] for r in rounds)
+    return float(
+        min(r[phase]["ranks"][rank]["cpu"] / r[phase]["ranks"][rank]["rows"] for r in rounds)
+    )
 
 
 def _rate(r: dict[str, Any]) -> float:
