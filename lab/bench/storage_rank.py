@@ -10,7 +10,7 @@ that the bench can drop the page cache between phases while every rank waits:
 - ``input``: the rank's whole input into TensorFlow (make_train_dataset: the reader, tf.data's
   batches, prefetched) as fast as it goes: what accelerators could be fed;
 - ``emulate``: the same input feeding an emulated accelerator, which computes each batch for
-  ``step_seconds`` while the host fetches the next (a GPU's queue of one launched step);
+  ``step_seconds`` while the host fetches the next (at most two steps queued, as on a GPU);
   AU = compute time ÷ wall time, as MLPerf Storage counts it.
 """
 
@@ -150,19 +150,23 @@ def fed(plan: RankPlan, first_epoch: int, *, emulate: bool) -> dict[str, Any]:
     """The rank's whole input (make_train_dataset: the reader into tf.data's batches) over
     the phase's epochs, as fast as it goes (``emulate`` False) or feeding the emulated
     accelerator: it computes batch i from when it is free and has the batch, for
-    ``step_seconds``; the host hands batch i over, waits for step i to start (a queue of one
-    launched step, as a GPU's), and fetches batch i+1 while step i runs."""
+    ``step_seconds``. The host hands batch i over and, as a framework does with a GPU's queue
+    (prefetching to the device), runs at most two steps ahead: it waits for step i-1 to start,
+    then fetches batch i+1 while steps i-1 and i are queued. On a host whose cores are all busy,
+    a thread waking from its wait can be late by a scheduler slice; two steps of slack keep that
+    lateness from counting as the input's."""
     spec = InputSpec(**plan.spec)
     row_bytes = int(np.prod(spec.input_shape)) * np.dtype(spec.stream_dtype).itemsize
     batches = _batches(plan, first_epoch)
     cpu, started = _cpu(), time.perf_counter()
-    done = started  # when the emulated accelerator finishes its last launched step
+    done = previous_start = started  # the accelerator's last step: its end; the one before: start
     steps = 0
     for _x, _y in batches:
         if emulate:
             start = max(done, time.perf_counter())
             done = start + plan.step_seconds
-            pause = start - time.perf_counter()
+            pause = previous_start - time.perf_counter()
+            previous_start = start
             if pause > 0:
                 time.sleep(pause)
         steps += 1
