@@ -514,7 +514,7 @@ def _trial(
     procs: Path | None,
 ) -> float:
     """The lowest AU of ``num_ranks`` emulated accelerators fed at once (one emulate phase);
-    0 when their ranks do not fit in the memory limit (a rank process killed)."""
+    0 when a rank process ended (killed: with --memory-limit, the ranks did not fit in it)."""
     try:
         ranks = Ranks(_plans(request, split, workload, num_ranks), scratch, procs)
     except ShardflowError:
@@ -558,7 +558,10 @@ def search_accelerators(
         return passed, {}
     while failed - passed > 1:
         tried[n] = _trial(request, split, workload, n, scratch, procs)
-        progress(f"bench storage: {n} emulated {workload.accelerator}(s): AU {tried[n]:.3f}")
+        progress(
+            f"bench storage: {n} emulated {workload.accelerator}(s): "
+            + (f"AU {tried[n]:.3f}" if tried[n] else "a rank process ended (memory?)")
+        )
         if tried[n] >= AU_GOAL:
             passed = n
             n = min(2 * n, failed - 1) if failed > request.max_ranks else (n + failed) // 2
