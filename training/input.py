@@ -352,9 +352,14 @@ def epoch_batches(
     pending_y: list[Any] = []
     held = 0
 
+    window: list[Any] = []  # the window's rows, in one buffer kept across windows
+
     def drain() -> Iterator[tuple[Any, Any]]:
         nonlocal pending_x, pending_y, held, left
-        x, y = np.concatenate(pending_x), np.concatenate(pending_y)
+        rows = sum(len(p) for p in pending_y)
+        if not window or len(window[0]) < rows or window[0].dtype != pending_x[0].dtype:
+            window[:] = [np.empty((rows, *pending_x[0].shape[1:]), pending_x[0].dtype)]
+        x, y = np.concatenate(pending_x, out=window[0][:rows]), np.concatenate(pending_y)
         order = rng.permutation(len(y))
         usable = min(len(y) - len(y) % batch_size, left)
         if usable:
