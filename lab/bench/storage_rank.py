@@ -121,14 +121,18 @@ def _batches(plan: RankPlan, first_epoch: int) -> Iterator[Any]:
 
 def reader(plan: RankPlan, first_epoch: int) -> dict[str, Any]:
     """The rank's reader alone (training.input.epoch_batches: the plan, the epoch order, the
-    reader threads, the shuffle window) over the phase's epochs: the decoded rows it hands
-    over, as fast as it goes."""
+    reader threads, the shuffle window) over the phase's epochs, as fast as it goes: the rows
+    it decoded (what it read, counted by the input meter; a few past the last batch handed
+    over) and the rows it handed over."""
     from training.input import epoch_batches
+    from training.input_metrics import EpochInput
 
     spec = InputSpec(**plan.spec)
     row_bytes = int(np.prod(spec.input_shape)) * np.dtype(spec.stream_dtype).itemsize
+    label_bytes = np.dtype(np.int64).itemsize
     cpu, started = _cpu(), time.perf_counter()
-    rows = 0
+    handed = 0
+    read = EpochInput(epoch=first_epoch)
     for epoch in range(first_epoch, first_epoch + plan.epochs):
         for _x, y in epoch_batches(
             plan.url,
@@ -140,10 +144,12 @@ def reader(plan: RankPlan, first_epoch: int) -> dict[str, Any]:
             batch_size=plan.batch_size,
             steps=plan.steps,
             shuffle_buffer=plan.shuffle_buffer,
+            record=read,
         ):
-            rows += len(y)
+            handed += len(y)
     wall, cpu = time.perf_counter() - started, _cpu() - cpu
-    return {"rows": rows, "bytes": rows * row_bytes, "wall": wall, "cpu": cpu}
+    rows = read.bytes_read // (row_bytes + label_bytes)
+    return {"rows": rows, "handed": handed, "bytes": rows * row_bytes, "wall": wall, "cpu": cpu}
 
 
 def fed(plan: RankPlan, first_epoch: int, *, emulate: bool) -> dict[str, Any]:
