@@ -44,7 +44,7 @@ def run_epoch(guard: DivergenceGuard, steps: int) -> None:
 
 def test_a_peers_nan_stops_both_ranks_at_the_next_agreement_naming_its_step() -> None:
     guard, agreed = two_ranks({5: math.nan})
-    run_epoch(guard, 40)
+    run_epoch(guard, 2 * GUARD_EVERY)
     assert guard.diverged == {"epoch": 1, "step": 5, "reason": "loss nan"}
     assert agreed == [GUARD_EVERY]  # no allgather before it: none in the first batch
     assert guard.model.stop_training
@@ -52,13 +52,13 @@ def test_a_peers_nan_stops_both_ranks_at_the_next_agreement_naming_its_step() ->
 
 def test_an_exploded_loss_is_measured_against_the_first_steps_highest() -> None:
     guard, _agreed = two_ranks({1: 3.0, 20: 3.0 * 1001})
-    run_epoch(guard, 40)
+    run_epoch(guard, 2 * GUARD_EVERY)
     assert guard.diverged is not None and guard.diverged["step"] == 20
     assert "over 1000 times the first step's 3" in guard.diverged["reason"]
 
 
 def test_a_healthy_epoch_agrees_every_window_and_at_its_end() -> None:
     guard, agreed = two_ranks({})
-    run_epoch(guard, 40)
+    run_epoch(guard, 2 * GUARD_EVERY + 8)
     assert guard.diverged is None
-    assert agreed == [16, 32, 40]
+    assert agreed == [GUARD_EVERY, 2 * GUARD_EVERY, 2 * GUARD_EVERY + 8]
