@@ -634,6 +634,15 @@ def bench_storage(
         "max_accelerators": most,
         "max_accelerators_searched": bool(tried),
         "max_accelerators_capped": most >= request.max_ranks,
+        # What stopped one more: its ranks did not fit in the memory limit (a rank process
+        # ended), the --max-ranks cap, or the input's binding resource.
+        "max_accelerators_bound": (
+            "memory"
+            if tried.get(str(most + 1)) == 0.0
+            else "max-ranks"
+            if most >= request.max_ranks
+            else figures["binding"]
+        ),
         "max_accelerators_predicted": predicted,
         "search": tried,
         "rounds": len(rounds),
@@ -673,7 +682,11 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"÷ its: {result['cpu_per_row_ratio']:.3f}; binding: {result['binding']} (the readers "
         f"alone: {result['reader_binding']})",
         f"most emulated {acc['accelerator']}s at AU ≥ {AU_GOAL}: {result['max_accelerators']}"
-        + ("" if result["max_accelerators_searched"] else " (predicted, not searched)"),
+        + (
+            f" (one more: {result['max_accelerators_bound']})"
+            if result["max_accelerators_searched"]
+            else " (predicted, not searched)"
+        ),
         f"load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after; "
         f"{result['cores']} cores",
     ]

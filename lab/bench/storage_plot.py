@@ -44,7 +44,8 @@ def plot(results: list[dict[str, Any]], out: Path) -> None:
         right.text(
             result["max_accelerators"] + 0.05,
             row,
-            f"{result['max_accelerators']}{capped} ({result['binding']})",
+            f"{result['max_accelerators']}{capped} "
+            f"({result.get('max_accelerators_bound', result['binding'])})",
             va="center",
             fontsize=8,
         )
