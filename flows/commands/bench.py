@@ -129,7 +129,8 @@ def _callbacks(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], 
     )
     steps = result["step_seconds"]
     return result, [
-        f"step time with shardflow's callbacks ÷ without: {result['ratio']:.4f} "
+        f"step time with shardflow's callbacks ÷ without: {result['ratio']:.4f} (medians: "
+        f"{result['ratio_median']:.4f}) "
         f"({steps['with'] * 1e3:.2f} ms, {steps['without'] * 1e3:.2f} ms per step); time in "
         f"their hooks: {result['hook_share']:.2%} of the steps with them",
         "Keras's slow-callback warning: "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import tempfile
 import time
 from dataclasses import asdict
@@ -174,6 +175,8 @@ def _measure(
         "dataset": manifest.name,
         "version": manifest.version,
         "ratio": best["with"] / best["without"],
+        # Each side's median round: on a busy host one fast round of one side moves the best.
+        "ratio_median": statistics.median(seconds["with"]) / statistics.median(seconds["without"]),
         # Robust to a busy host: the share of the runs with callbacks spent inside them.
         "hook_share": in_hooks,
         "step_seconds": {side: best[side] / steps for side in best},
