@@ -153,8 +153,7 @@ DEVICE_READ_BYTES = 2**30
 DIRECT_CHUNK = 8 * 2**20
 DIRECT_IN_FLIGHT = 8
 """Requests under way in the deep direct read: a network-attached disk serves one request at a
-time at a fraction of its throughput (here ``dd``'s one 8 MiB request at a time: 158 MB/s; fio,
-8 of 4 MiB: 1.36 GB/s)."""
+time (``dd``'s) at a fraction of its throughput, and the ranks' readers keep several under way."""
 
 
 def _first_files(paths: list[str], limit: int) -> list[str]:
