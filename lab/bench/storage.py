@@ -23,6 +23,7 @@ waited on nothing the host lacked: shardflow itself is the limit).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -131,11 +132,16 @@ def memory_cgroup(limit: int) -> Iterator[Path]:
     try:
         yield group / "cgroup.procs"
     finally:
-        for _attempt in range(50):
+        for attempt in range(100):
             try:
                 group.rmdir()
                 break
             except OSError:
+                if attempt == 50:
+                    # Processes still in it (ranks exiting slowly): back to the bench's group.
+                    for pid in (group / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(OSError):
+                            (group.parent / "cgroup.procs").write_text(pid)
                 time.sleep(0.1)  # its last processes are still exiting
 
 
