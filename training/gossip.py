@@ -126,6 +126,7 @@ def pairwise_averaging(rank: int, num_ranks: int, every: int, process_sets: dict
     class PairwiseAveraging(tf.keras.callbacks.Callback):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
+            self._supports_tf_logs = True  # its batch hook reads no logs
             self.bytes_by_epoch: list[int] = []
             self.averages = 0
             self.partnered = 0

@@ -241,13 +241,16 @@ def legacy_filesystem(url: str) -> Any:
     return FsspecAsLegacy(filesystem)
 
 
+# Rows of make_reader gathered into one chunk (petastorm's reader yields one row at a time).
+PETASTORM_BLOCK = 256
+
+
 def _batches(reader: Any, spec: InputSpec) -> Iterator[tuple[Any, Any]]:
     if spec.format == "petastorm":
-        # make_reader yields one row at a time; gather them into blocks.
         block: list[Any] = []
         for row in reader:
             block.append(row)
-            if len(block) == 256:
+            if len(block) == PETASTORM_BLOCK:
                 yield _stack_rows(block, spec)
                 block = []
         if block:
@@ -263,6 +266,65 @@ def _stack_rows(rows: list[Any], spec: InputSpec) -> tuple[Any, Any]:
     return images.reshape(len(rows), *spec.image_shape), labels
 
 
+def row_group_chunks(
+    url: str | list[str], spec: InputSpec, *, rank: int, num_ranks: int, seed: int
+) -> Iterator[tuple[Any, Any]]:
+    """The rank's row groups in petastorm's planned order (:func:`row_group_order`), read with
+    pyarrow (training.row_groups): one chunk per row group, as petastorm's batch reader hands
+    them over; for the petastorm format, blocks of :data:`PETASTORM_BLOCK` rows, as
+    :func:`_batches` gathers make_reader's rows."""
+    from training.row_groups import read_groups, split_files
+
+    files = split_files(tuple(url) if isinstance(url, list) else url)
+    order = row_group_order(len(files.groups), rank, num_ranks, seed)
+    groups = read_groups(files, order, spec)
+    if spec.format == "petastorm":
+        return _reblocked(groups, PETASTORM_BLOCK)
+    return groups
+
+
+def _reblocked(chunks: Iterator[tuple[Any, Any]], rows: int) -> Iterator[tuple[Any, Any]]:
+    """``chunks`` as blocks of ``rows`` rows (the last shorter), in the same order."""
+    held_x: list[Any] = []
+    held_y: list[Any] = []
+    held = 0
+    try:
+        for x, y in chunks:
+            held_x.append(x)
+            held_y.append(y)
+            held += len(y)
+            if held < rows:
+                continue
+            x_all, y_all = np.concatenate(held_x), np.concatenate(held_y)
+            whole = held - held % rows
+            for start in range(0, whole, rows):
+                yield x_all[start : start + rows], y_all[start : start + rows]
+            held_x, held_y, held = [x_all[whole:]], [y_all[whole:]], held - whole
+        if held:
+            yield np.concatenate(held_x), np.concatenate(held_y)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def _petastorm_chunks(
+    url: str | list[str], spec: InputSpec, *, rank: int, num_ranks: int, seed: int
+) -> Iterator[tuple[Any, Any]]:
+    """The same chunks as :func:`row_group_chunks`, read through petastorm's own reader."""
+    reader = _reader(url, spec, rank=rank, num_ranks=num_ranks, seed=seed)
+    try:
+        yield from _batches(reader, spec)
+    finally:
+        reader.stop()
+        reader.join()
+
+
+READERS = {"pyarrow": row_group_chunks, "petastorm": _petastorm_chunks}
+"""The rank's reader: pyarrow's row groups in petastorm's planned order (training.row_groups),
+or petastorm's own reader (kept to check that the two agree, and to compare them)."""
+
+
 def epoch_batches(
     url: str | list[str],
     spec: InputSpec,
@@ -275,34 +337,43 @@ def epoch_batches(
     steps: int,
     shuffle_buffer: int,
     record: EpochInput | None = None,
+    reader: str = "pyarrow",
 ) -> Iterator[tuple[Any, Any]]:
     """One rank's rows for one epoch, deterministically shuffled, as chunks of whole batches
     adding up to exactly ``steps`` batches: row groups in the epoch's order, rows mixed within
     windows of ``shuffle_buffer`` rows by a generator seeded from (seed, epoch, rank); what the
-    reader handed over is counted in ``record`` when given."""
+    reader (:data:`READERS`) handed over is counted in ``record`` when given."""
     rng = np.random.default_rng([seed, epoch, rank, num_ranks])
-    reader = _reader(url, spec, rank=rank, num_ranks=num_ranks, seed=epoch_seed(seed, epoch))
+    chunks = READERS[reader](
+        url, spec, rank=rank, num_ranks=num_ranks, seed=epoch_seed(seed, epoch)
+    )
     left = steps * batch_size
     pending_x: list[Any] = []
     pending_y: list[Any] = []
     held = 0
 
+    window: list[Any] = []  # the window's rows, in one buffer kept across windows
+
     def drain() -> Iterator[tuple[Any, Any]]:
         nonlocal pending_x, pending_y, held, left
-        x, y = np.concatenate(pending_x), np.concatenate(pending_y)
+        rows = sum(len(p) for p in pending_y)
+        if not window or len(window[0]) < rows or window[0].dtype != pending_x[0].dtype:
+            window[:] = [np.empty((rows, *pending_x[0].shape[1:]), pending_x[0].dtype)]
+        x, y = np.concatenate(pending_x, out=window[0][:rows]), np.concatenate(pending_y)
         order = rng.permutation(len(y))
-        x, y = x[order], y[order]
         usable = min(len(y) - len(y) % batch_size, left)
         if usable:
-            yield x[:usable], y[:usable]
+            # One gather into memory TensorFlow can take without a copy (aligned).
+            yield _gathered(x, order[:usable]), y[order[:usable]]
         left -= usable
-        pending_x, pending_y = [x[usable:]], [y[usable:]]
+        rest = order[usable:]
+        pending_x, pending_y = [x[rest]], [y[rest]]
         held = len(y) - usable
 
     try:
-        for x, y in _batches(reader, spec):
+        for x, y in chunks:
             if record is not None:
-                record.read(len(y), x.nbytes + y.nbytes, row_group=spec.format == "parquet")
+                record.read(len(y), x.nbytes + y.nbytes, row_group=True)
             pending_x.append(x)
             pending_y.append(y)
             held += len(y)
@@ -313,10 +384,27 @@ def epoch_batches(
         if held and left > 0:
             yield from drain()
     finally:
-        reader.stop()
-        reader.join()
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
     if left > 0:
         raise RuntimeError(f"rank {rank} ran out of rows in epoch {epoch}: {left} short")
+
+
+# TensorFlow wraps a numpy array's memory without copying it when it is aligned to this.
+_ALIGNMENT = 64
+
+
+def _gathered(x: Any, order: Any) -> Any:
+    """``x[order]``, written into a buffer aligned for TensorFlow."""
+    nbytes = len(order) * (x.nbytes // len(x) if len(x) else 0)
+    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    out = raw[start : start + nbytes].view(x.dtype).reshape(len(order), *x.shape[1:])
+    # mode="clip": with "raise" numpy gathers into a temporary and copies it (the indexes
+    # are a permutation, always in range).
+    np.take(x, order, axis=0, out=out, mode="clip")
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,6 +432,26 @@ def skip_batches(
             continue
         yield (x[rows:], y[rows:]) if rows else (x, y)
         rows = 0
+
+
+# The most bytes of one chunk handed to tf.data (each is scaled to float32 at once): whole
+# batches of small images by the hundred, of ImageNet-size ones a few at a time.
+CHUNK_BYTES = 16 * 2**20
+
+
+def bounded_chunks(
+    chunks: Iterator[tuple[Any, Any]], batch_size: int, max_bytes: int
+) -> Iterator[tuple[Any, Any]]:
+    """Chunks of whole batches cut (as views) into chunks of at most ``max_bytes`` of inputs,
+    or one batch where a batch is larger."""
+    for x, y in chunks:
+        row_bytes = x.nbytes // len(y) if len(y) else 1
+        rows = max(1, max_bytes // (row_bytes * batch_size)) * batch_size
+        if len(y) <= rows:
+            yield x, y
+            continue
+        for start in range(0, len(y), rows):
+            yield x[start : start + rows], y[start : start + rows]
 
 
 def split_batches(chunks: Iterator[tuple[Any, Any]], batch_size: int) -> Iterator[tuple[Any, Any]]:
@@ -484,7 +592,7 @@ def make_train_dataset(
 
                 chunks = metered(chunks, record, batch_size=batch_size, delay=test_delay)
             if record_rows is None:
-                yield from chunks
+                yield from bounded_chunks(chunks, batch_size, CHUNK_BYTES)
                 continue
             step = first_step
             with record_rows.open("a") as log:
@@ -500,19 +608,23 @@ def make_train_dataset(
         tf.TensorSpec(shape=(None,), dtype=tf.int64),
     )
 
-    def scale(x: Any, y: Any) -> tuple[Any, Any]:
-        return (tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else x), y
+    def as_batches(x: Any, y: Any) -> Any:
+        # A chunk of k whole batches scaled at once and seen as k batches (a reshape, no copy),
+        # each sliced once: not row by row and batched again, nor scaled batch by batch.
+        if x.dtype == tf.uint8:
+            x = tf.cast(x, tf.float32) / 255.0
+        return tf.data.Dataset.from_tensor_slices(
+            (
+                tf.reshape(x, (-1, batch_size, *spec.input_shape)),
+                tf.reshape(y, (-1, batch_size)),
+            )
+        )
 
     # The generator hands over chunks of whole batches (one Python call per few thousand rows,
     # not per batch); tf.data cuts them into batches and prefetches.
     return without_autotuning(
         tf.data.Dataset.from_generator(generate, output_signature=signature)
-        .flat_map(
-            lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(
-                batch_size, drop_remainder=True
-            )
-        )
-        .map(scale, num_parallel_calls=tf.data.AUTOTUNE)
+        .flat_map(as_batches)
         .prefetch(tf.data.AUTOTUNE)
     )
 
@@ -559,12 +671,8 @@ def load_split(directory: str | Path | list[str], spec: InputSpec) -> tuple[Any,
     """A whole (evaluation) split in memory: (float32 inputs, int64 labels); ``directory`` is
     a local folder, a URL (s3://...), or the URLs of the split's files."""
     if spec.format == "petastorm":
-        reader = _reader(as_url(directory), spec, rank=0, num_ranks=1, seed=1)
-        try:
-            parts = list(_batches(reader, spec))
-        finally:
-            reader.stop()
-            reader.join()
+        # The order petastorm's reader of seed 1 gave (training.row_groups reads it).
+        parts = list(row_group_chunks(as_url(directory), spec, rank=0, num_ranks=1, seed=1))
         inputs = np.concatenate([p[0] for p in parts])
         return to_model_input(inputs), np.concatenate([p[1] for p in parts])
     if isinstance(directory, list) or "://" in str(directory):

@@ -114,8 +114,8 @@ class EpochInput:
     batches: int = 0
     rows: int = 0
     row_groups_read: int = 0
-    """Reader items: row groups for the parquet format (petastorm's batch reader hands one row
-    group at a time); rows, not row groups, for the petastorm format: 0 there."""
+    """Reader items: row groups (the rank's reader hands over one row group at a time; the
+    petastorm format's in blocks of rows, each counted as one)."""
     bytes_read: int = 0
     """Bytes of the arrays the reader handed over (decoded pixels or features, and labels)."""
 

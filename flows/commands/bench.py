@@ -1,15 +1,16 @@
-"""`shardflow bench ingest | preprocess | prefect | reader | scaling | aggregation DATASET`:
-ratios measured side by side in one run (docs/preprocessing.md, docs/training.md and
-docs/prefect.md say how to read them)."""
+"""`shardflow bench ingest | preprocess | prefect | prefect-ui | reader | scaling | storage |
+callbacks | aggregation DATASET`: ratios measured side by side in one run (docs/preprocessing.md,
+docs/training.md and docs/prefect.md say how to read them)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from data_catalog.errors import ConfigError
 from flows.console import Context
-from flows.options import count
+from flows.options import count, whole_number
 from preprocessing import datasets
 
 
@@ -175,6 +176,46 @@ def _scaling(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
     return result, [f"samples/s, 2 ranks ÷ 1 rank (1 thread each): {result['ratio']:.3f}"]
 
 
+def _storage(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from lab.bench import storage
+
+    request = storage.StorageRequest(
+        dataset=args.dataset,
+        accelerator=args.accelerator,
+        num_ranks=args.ranks,
+        memory_limit=args.memory_limit,
+        batch_size=args.batch_size,
+        model=args.model,
+        rounds=args.rounds or 3,
+        grow_rows=args.grow_rows,
+        image_size=args.image_size,
+        grown_dir=args.grown_dir,
+        search=not args.no_search,
+        max_ranks=args.max_ranks,
+        quick=args.quick,
+        **({"shuffle_buffer": args.shuffle_buffer} if args.shuffle_buffer else {}),
+    )
+    result = storage.bench_storage(ctx.settings.catalog(), request, progress=ctx.progress)
+    return result, storage.summary_lines(result)
+
+
+def _callbacks(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    from lab.bench.callbacks import bench_callbacks
+
+    result = bench_callbacks(
+        ctx.settings.catalog(), args.dataset, progress=ctx.progress, **_sizes(args)
+    )
+    steps = result["step_seconds"]
+    return result, [
+        f"step time with shardflow's callbacks ÷ without: {result['ratio']:.4f} (medians: "
+        f"{result['ratio_median']:.4f}) "
+        f"({steps['with'] * 1e3:.2f} ms, {steps['without'] * 1e3:.2f} ms per step); time in "
+        f"their hooks: {result['hook_share']:.2%} of the steps with them",
+        "Keras's slow-callback warning: "
+        + ("; ".join(result["keras_slow_callback_warnings"]) or "none"),
+    ]
+
+
 BENCHMARKS = {
     "ingest": (
         _ingest,
@@ -196,6 +237,12 @@ BENCHMARKS = {
     ),
     "reader": (_reader, "streaming ÷ in-memory epoch time"),
     "scaling": (_scaling, "samples/s on 2 ranks ÷ 1 rank, one thread per rank"),
+    "storage": (
+        _storage,
+        "MLPerf-Storage-style: the ranks' input feeding emulated accelerators (AU), beside the "
+        "device's direct read and pq → numpy of the same row groups",
+    ),
+    "callbacks": (_callbacks, "step time with shardflow's Keras callbacks ÷ without them"),
     "aggregation": (
         _aggregation,
         "ranks x backward passes per step -> allreduce bytes, test accuracy",
@@ -246,8 +293,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--rounds",
         type=count,
-        help="ingest, preprocess, prefect: alternated rounds of each side; the best of each is "
-        "compared (default: 3; prefect 2)",
+        help="ingest, preprocess, prefect, storage: alternated rounds of each side; the best of "
+        "each is compared (default: 3; prefect 2)",
     )
     bench.add_argument(
         "--source", help="prefect fashion-mnist: the IDX files (default: the dataset's own)"
@@ -261,9 +308,61 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--screenshots",
         help="prefect-ui: where the pages' screenshots go (default: $SHARDFLOW_HOME/prefect-ui)",
     )
-    bench.add_argument(
+    _storage_flags(bench)
+    bench.set_defaults(handler=cmd_bench)
+
+
+def _storage_flags(bench: argparse.ArgumentParser) -> None:
+    from lab.bench.accelerators import NAMES
+    from lab.bench.storage import parse_size
+
+    def size(text: str) -> int:
+        try:
+            return parse_size(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    group = bench.add_argument_group("storage")
+    group.add_argument(
+        "--accelerator", choices=NAMES, default="a100", help="emulated (default: a100)"
+    )
+    group.add_argument(
+        "--ranks", type=count, default=1, help="ranks, one emulated accelerator each"
+    )
+    group.add_argument(
+        "--memory-limit",
+        type=size,
+        metavar="SIZE",
+        help="run the ranks in a memory cgroup this large, cold cache before every phase (root)",
+    )
+    group.add_argument(
+        "--model", help="the emulated model (default: cnn, dnn; resnet50 at 224x224x3)"
+    )
+    group.add_argument(
+        "--grow-rows",
+        type=whole_number,
+        default=0,
+        help="read a training split grown to this many rows from the version's real images",
+    )
+    group.add_argument(
+        "--image-size", type=count, help="grown images at SIZExSIZEx3 (224: ImageNet-size)"
+    )
+    group.add_argument(
+        "--grown-dir", type=Path, help="keep the grown split here, reused when it matches"
+    )
+    group.add_argument("--shuffle-buffer", type=count, help="rows (default: training's, 4096)")
+    group.add_argument(
+        "--max-ranks",
+        type=count,
+        default=8,
+        help="the search for the most accelerators stops here (default: 8)",
+    )
+    group.add_argument(
+        "--no-search", action="store_true", help="predict the most accelerators, do not search"
+    )
+    group.add_argument(
         "--quick",
         action="store_true",
-        help="prefect: 20 sdss exports of 100 rows, one round of each side (for tests)",
+        help="for tests: storage, one short round and no search; prefect, 20 sdss exports of "
+        "100 rows, one round of each side",
     )
-    bench.set_defaults(handler=cmd_bench)

@@ -1,6 +1,6 @@
 """The Keras callbacks of a rank, in the order Keras calls them, each with one job.
 
-BroadcastGlobalVariables   Horovod: every rank starts from rank 0's weights
+BroadcastBeforeFirstStep   Horovod: every rank starts from rank 0's weights
 MetricAverage              Horovod: logs averaged over the ranks
 warm-up, cosine decay      the learning rate of every step (schedule.py)
 DivergenceGuard            every rank stops after the same step once one diverged
@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tensorflow as tf
 
 from training import checkpoints, gossip
 from training.input_metrics import EPOCHS_FILE, InputMeter, step_meter
@@ -59,12 +61,11 @@ def assemble(
 ) -> RankCallbacks:
     import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
-    import tensorflow as tf
 
     train, run_dir = config.train, Path(config.run_dir)
     in_order: list[Any] = [
-        # Horovod: start every rank from rank 0's initial weights.
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Horovod: start every rank from rank 0's initial weights, before the first step.
+        BroadcastBeforeFirstStep(built.optimizer, hvd_tf.broadcast_variables),
         # Horovod: report metrics averaged over all ranks.
         hvd.callbacks.MetricAverageCallback(),
     ]
@@ -79,9 +80,7 @@ def assemble(
         # Horovod: checkpoints and logs on rank 0 only, so that ranks do not overwrite each other.
         checkpoints_dir(config).mkdir(parents=True, exist_ok=True)
         in_order.append(EpochCheckpoint(str(checkpoints_dir(config) / EPOCH_CHECKPOINT), guard))
-        in_order.append(
-            tf.keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard"), profile_batch=0)
-        )
+        in_order.append(EpochTensorBoard(log_dir=str(run_dir / "tensorboard"), profile_batch=0))
         if config.launch.checkpoint_every:
             checkpointer = _step_checkpointer(config, world, guard)
             in_order += [checkpointer, StopOnSigterm(checkpointer)]
@@ -116,6 +115,62 @@ def assemble(
         averaging=averaging,
         wire=wire,
     )
+
+
+class EpochTensorBoard(tf.keras.callbacks.TensorBoard):  # type: ignore[misc]  # untyped
+    """Keras's TensorBoard writing what it writes by epoch (``update_freq="epoch"``, no
+    profile), doing nothing per batch: Keras's calls ``tf.summary.scalar`` for every log of
+    every batch even when nothing is recorded (0.3 ms a step), and Keras calls every
+    callback's batch hooks once any callback has some. The train graph, which it writes after
+    the first batch, is written at the first epoch's end."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(update_freq="epoch", **kwargs)
+        self._supports_tf_logs = True
+        self.graph_pending = False
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        self.graph_pending = bool(getattr(self, "_should_write_train_graph", False))
+        self._should_write_train_graph = False
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        pass
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        pass
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.graph_pending:
+            self._write_keras_model_train_graph()
+            self.graph_pending = False
+        super().on_epoch_end(epoch, logs)
+
+
+class BroadcastBeforeFirstStep(tf.keras.callbacks.Callback):  # type: ignore[misc]  # untyped
+    """Every rank starts from rank 0's weights and optimizer state, broadcast when training
+    begins, before the first step (``broadcast(variables, root_rank=)``: Horovod's).
+
+    Horovod's own BroadcastGlobalVariablesCallback broadcasts at the end of the first batch,
+    once the optimizer has made its slots: every rank's first step then computes its gradient
+    on its own initial weights, and the broadcast (a first Horovod call, tens of milliseconds)
+    lands in the first batch's hook, which Keras times and warns about ("Callback method
+    `on_train_batch_end` is slow compared to the batch time"). Here every rank makes the
+    optimizer's slots first (as ``--resume`` does), so that they are broadcast too."""
+
+    def __init__(self, optimizer: Any, broadcast: Any) -> None:
+        super().__init__()
+        self.optimizer = optimizer
+        self.broadcast = broadcast
+        self.done = False
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self.done:
+            return
+        self.optimizer._create_all_weights(self.model.trainable_variables)
+        self.broadcast(self.model.variables, root_rank=0)
+        self.broadcast(self.optimizer.variables(), root_rank=0)
+        self.done = True
 
 
 def _step_checkpointer(config: WorkerConfig, world: World, guard: Any) -> StepCheckpointer:

@@ -47,6 +47,7 @@ class StepCheckpointer(tf.keras.callbacks.Callback):  # type: ignore[misc]  # Ke
         guard: Any,
     ) -> None:
         super().__init__()
+        self._supports_tf_logs = True  # its batch hook reads no logs
         self.path = path
         self.position = position
         self.every = every
@@ -112,6 +113,7 @@ class StopOnSigterm(tf.keras.callbacks.Callback):  # type: ignore[misc]  # Keras
 
     def __init__(self, checkpointer: StepCheckpointer) -> None:
         super().__init__()
+        self._supports_tf_logs = True  # its batch hook reads no logs
         self.checkpointer = checkpointer
         self.terminated = False
         self.training = False

@@ -1,0 +1,190 @@
+"""``shardflow bench callbacks DATASET``: what shardflow's own Keras callbacks cost a training
+step, measured with and without them on the same model, in one process, alternated.
+
+The rank's callbacks are assembled as a rank of ``train`` assembles them
+(training.rank.callbacks.assemble: Horovod's broadcast, metric average and learning-rate
+schedule; the divergence guard; rank 0's checkpoints and TensorBoard; the meters), on one
+Horovod rank. Each side trains ``steps`` steps of one epoch from in-memory batches (so the
+input does not weigh on either); the first fit of each side, which traces the graph, is not
+timed. Keras's own check (its warning "Callback method `on_train_batch_end` is slow compared to
+the batch time") runs in the first timed fit with the callbacks, and whether it warned is
+reported too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from data_catalog import Catalog, processed_name
+from data_catalog.layout import ProcessedLayout
+from training.config import LaunchConfig, TrainConfig
+from training.input import InputSpec, in_batches, load_split, plan_steps
+from training.rank.config import WorkerConfig
+
+SLOW_CALLBACK = "is slow compared to the batch time"
+
+
+class _Clock:
+    """Two Keras callbacks, put first and last in the list: the time Keras spends in every
+    hook of the callbacks between them, added up in ``.seconds``."""
+
+    def __init__(self) -> None:
+        import tensorflow as tf
+
+        self.seconds = 0.0
+        self._started = 0.0
+        clock = self
+
+        class Edge(tf.keras.callbacks.Callback):  # type: ignore[misc]  # Keras is untyped
+            def __init__(self, opens: bool) -> None:
+                super().__init__()
+                self._supports_tf_logs = True
+                self.opens = opens
+
+            def _tick(self, *_args: Any) -> None:
+                if self.opens:
+                    clock._started = time.perf_counter()
+                else:
+                    clock.seconds += time.perf_counter() - clock._started
+
+            on_train_batch_begin = on_train_batch_end = _tick
+            on_epoch_begin = on_epoch_end = on_train_begin = on_train_end = _tick
+
+        self.first, self.last = Edge(True), Edge(False)
+
+
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _config(
+    catalog: Catalog, dataset: str, run_dir: Path, batch_size: int, steps: int | None
+) -> Any:
+    manifest = catalog.get(processed_name(dataset))
+    layout = ProcessedLayout.of(manifest)
+    directory = catalog.version_dir(manifest.name, manifest.version)
+    spec = InputSpec.of(layout)
+    steps = min(steps or 10**9, plan_steps(layout.train, 1, batch_size))
+    config = WorkerConfig(
+        train=TrainConfig(
+            num_ranks=1,
+            epochs=1000,
+            batch_size=batch_size,
+            model="cnn" if spec.kind == "images" else "dnn",
+            seed=0,
+        ),
+        launch=LaunchConfig(),
+        train_url=(directory / "train").resolve().as_uri(),
+        test_dir=str(directory / "test"),
+        run_dir=str(run_dir),
+        spec=asdict(spec),
+        num_classes=layout.num_classes,
+        mean=list(layout.normalization.mean),
+        std=list(layout.normalization.std),
+        steps_per_epoch=steps,
+        evaluate=False,
+    )
+    return config, spec, manifest
+
+
+def bench_callbacks(
+    catalog: Catalog,
+    dataset: str,
+    *,
+    steps: int | None = None,
+    batch_size: int = 32,
+    rounds: int = 5,
+    progress: Any = lambda _msg: None,
+) -> dict[str, Any]:
+    """Step time with shardflow's callbacks ÷ without (1.02 = they cost 2 % of a step), over
+    epochs of ``steps`` steps (default: one rank's epoch of the version at ``batch_size``)."""
+    with tempfile.TemporaryDirectory(prefix="shardflow-bench-callbacks-") as scratch:
+        return _measure(catalog, dataset, Path(scratch), steps, batch_size, rounds, progress)
+
+
+def _measure(
+    catalog: Catalog,
+    dataset: str,
+    run_dir: Path,
+    steps: int | None,
+    batch_size: int,
+    rounds: int,
+    progress: Any,
+) -> dict[str, Any]:
+    import tensorflow as tf
+
+    from training.input_metrics import InputMeter
+    from training.rank import callbacks, model, setup
+
+    config, spec, manifest = _config(catalog, dataset, run_dir, batch_size, steps)
+    steps = config.steps_per_epoch
+    world = setup.init_horovod(config.train)
+    tf.keras.utils.set_random_seed(0)
+    built = model.compiled(config, spec, world, [])
+    parts = callbacks.assemble(config, world, built, InputMeter(), None)
+    inputs, labels = load_split(config.source("train"), spec)
+    batches = in_batches((inputs, labels), batch_size).repeat()
+    clock = _Clock()
+    sides = {"with": [clock.first, *parts.in_order, clock.last], "without": []}
+    seconds: dict[str, list[float]] = {side: [] for side in sides}
+    epoch = 0
+
+    def fit(side: str) -> float:
+        nonlocal epoch
+        started = time.perf_counter()
+        built.model.fit(
+            batches, steps_per_epoch=steps, epochs=epoch + 1, initial_epoch=epoch,
+            callbacks=sides[side], verbose=0,
+        )  # fmt: skip
+        epoch += 1
+        return time.perf_counter() - started
+
+    handler = _Warnings()
+    tf.get_logger().addHandler(handler)
+    try:
+        fit("without")  # traces the step
+        cpu_before = os.times()
+        # The first fit with the callbacks: Keras times its first batches' hooks.
+        for number in range(rounds):
+            for side in ("with", "without"):
+                seconds[side].append(fit(side))
+            progress(
+                f"bench callbacks: round {number + 1}: with {seconds['with'][-1]:.2f} s, "
+                f"without {seconds['without'][-1]:.2f} s ({steps} steps each)"
+            )
+        cpu_after = os.times()
+    finally:
+        tf.get_logger().removeHandler(handler)
+    best = {side: min(values) for side, values in seconds.items()}
+    in_hooks = clock.seconds / sum(seconds["with"])
+    slow = [m for m in handler.messages if SLOW_CALLBACK in m]
+    return {
+        "benchmark": "callbacks",
+        "dataset": manifest.name,
+        "version": manifest.version,
+        "ratio": best["with"] / best["without"],
+        # Each side's median round: on a busy host one fast round of one side moves the best.
+        "ratio_median": statistics.median(seconds["with"]) / statistics.median(seconds["without"]),
+        # Robust to a busy host: the share of the runs with callbacks spent inside them.
+        "hook_share": in_hooks,
+        "step_seconds": {side: best[side] / steps for side in best},
+        "seconds": seconds,
+        "steps": steps,
+        "batch_size": batch_size,
+        "callbacks": [type(c).__name__ for c in parts.in_order],
+        "keras_slow_callback_warnings": slow,
+        "cpu_seconds": (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system),
+        "load_average": list(os.getloadavg()),
+    }

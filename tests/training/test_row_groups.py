@@ -1,0 +1,176 @@
+"""The rank's reader (pyarrow's row groups in petastorm's plan, training.row_groups) against
+petastorm's own reader of the same split: the same rows in the same order, for plain Parquet,
+the Petastorm format (make_reader, NdarrayCodec) and files whose last row group is shorter;
+and so the same batches out of ``epoch_batches``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_catalog import Catalog
+from data_catalog.layout import ProcessedLayout
+from preprocessing.config import JobOptions
+from preprocessing.driver import run_locally
+from preprocessing.images import plan_job
+from preprocessing.plan import PlanConfig
+from preprocessing.sources import idx, mnist
+from training.input import READERS, InputSpec, epoch_batches, epoch_seed, load_split
+from training.row_groups import binary_pixels, split_files
+
+ROWS = 1_500
+
+
+@pytest.fixture(scope="module")
+def image_splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, InputSpec]]:
+    """The training split of one raw version processed as Parquet and as Petastorm."""
+    root = tmp_path_factory.mktemp("row-groups")
+    rng = np.random.default_rng(11)
+    source = root / "source"
+    source.mkdir()
+    for prefix, n in (("train", ROWS), ("t10k", 100)):
+        idx.write(
+            source / f"{prefix}-images-idx3-ubyte",
+            rng.integers(0, 256, (n, 28, 28), np.uint8),
+            compress=False,
+        )
+        idx.write(
+            source / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, np.uint8), compress=False
+        )
+    catalog = Catalog(root / "catalog")
+    mnist.ingest(catalog, "mnist", source=str(source), download_cache=root / "downloads")
+    splits = {}
+    for fmt in ("parquet", "petastorm"):
+        options = JobOptions(
+            format=fmt,
+            plan=PlanConfig(rank_multiple=8, target_rows_per_group=90, target_rows_per_shard=500),
+            validation_fraction=0,
+        )
+        job = plan_job(catalog, catalog.get("mnist"), options)
+        done = run_locally(job, root / f"work-{fmt}")
+        with catalog.stage(job.name, kind="processed") as stage:
+            manifest = job.commit(stage, done, root / f"work-{fmt}")
+        directory = catalog.version_dir(manifest.name, manifest.version) / "train"
+        assert len(list(directory.glob("*.parquet"))) > 1
+        splits[fmt] = (directory.as_uri(), InputSpec.of(ProcessedLayout.of(manifest)))
+    return splits
+
+
+@pytest.fixture(scope="module")
+def uneven_split(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, InputSpec]:
+    """SDSS's layout: per-piece files of 40-row groups whose last group is shorter."""
+    directory = tmp_path_factory.mktemp("uneven") / "train"
+    directory.mkdir()
+    rng = np.random.default_rng(2)
+    start = 0
+    for piece, rows in enumerate((130, 95, 161)):
+        table = pa.table(
+            {
+                "u": rng.random(rows),
+                "g": rng.random(rows),
+                "label": np.arange(start, start + rows) % 3,
+            }
+        )
+        pq.write_table(table, directory / f"piece-{piece:03d}.parquet", row_group_size=40)
+        start += rows
+    spec = InputSpec(kind="tabular", feature_columns=["u", "g"], label_column="label")
+    return directory.as_uri(), spec
+
+
+def _chunks(reader: str, url: str, spec: InputSpec, **plan: int) -> list[tuple[Any, Any]]:
+    return [(np.array(x), np.array(y)) for x, y in READERS[reader](url, spec, **plan)]
+
+
+def _same(a: list[tuple[Any, Any]], b: list[tuple[Any, Any]]) -> None:
+    assert [len(y) for _x, y in a] == [len(y) for _x, y in b]
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        assert xa.dtype == xb.dtype and xa.shape == xb.shape
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "petastorm"])
+@pytest.mark.parametrize(("rank", "num_ranks"), [(0, 1), (1, 2), (2, 4)])
+def test_pyarrow_reads_petastorms_rows_in_petastorms_order(
+    image_splits: dict[str, tuple[str, InputSpec]], fmt: str, rank: int, num_ranks: int
+) -> None:
+    url, spec = image_splits[fmt]
+    for epoch in (0, 1):
+        plan = {"rank": rank, "num_ranks": num_ranks, "seed": epoch_seed(4, epoch)}
+        ours = _chunks("pyarrow", url, spec, **plan)
+        assert ours and ours[0][0].shape[1:] == (28, 28, 1)
+        _same(ours, _chunks("petastorm", url, spec, **plan))
+
+
+def test_shorter_last_row_groups_read_alike(uneven_split: tuple[str, InputSpec]) -> None:
+    url, spec = uneven_split
+    assert [g.rows for g in split_files(url).groups] == [40] * 3 + [10] + [40] * 2 + [15] + [
+        40
+    ] * 4 + [1]
+    for num_ranks in (1, 3):
+        for rank in range(num_ranks):
+            plan = {"rank": rank, "num_ranks": num_ranks, "seed": epoch_seed(1, 2)}
+            ours = _chunks("pyarrow", url, spec, **plan)
+            assert ours[0][0].shape[1:] == (2,)
+            _same(ours, _chunks("petastorm", url, spec, **plan))
+
+
+def test_a_list_of_file_urls_reads_as_the_folder(
+    image_splits: dict[str, tuple[str, InputSpec]],
+) -> None:
+    url, spec = image_splits["parquet"]
+    files = sorted(p.as_uri() for p in Path(url.removeprefix("file://")).glob("*.parquet"))
+    plan = {"rank": 1, "num_ranks": 2, "seed": 9}
+    _same(_chunks("pyarrow", url, spec, **plan), _chunks("pyarrow", files, spec, **plan))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "petastorm"])
+def test_epoch_batches_are_the_same_with_either_reader(
+    image_splits: dict[str, tuple[str, InputSpec]], fmt: str
+) -> None:
+    url, spec = image_splits[fmt]
+
+    def batches(reader: str) -> list[tuple[Any, Any]]:
+        return [
+            (np.array(x), np.array(y))
+            for x, y in epoch_batches(
+                url,
+                spec,
+                rank=1,
+                num_ranks=2,
+                seed=3,
+                epoch=1,
+                batch_size=16,
+                steps=40,
+                shuffle_buffer=200,
+                reader=reader,
+            )
+        ]
+
+    ours = batches("pyarrow")
+    assert sum(len(y) for _x, y in ours) == 40 * 16
+    _same(ours, batches("petastorm"))
+
+
+def test_the_evaluation_split_of_a_petastorm_dataset_loads_whole(
+    image_splits: dict[str, tuple[str, InputSpec]],
+) -> None:
+    url, spec = image_splits["petastorm"]
+    inputs, labels = load_split(url, spec)
+    assert inputs.shape == (len(labels), 28, 28, 1) and inputs.dtype == np.float32
+    assert len(labels) == sum(g.rows for g in split_files(url).groups)
+    assert inputs.min() >= 0.0 and inputs.max() <= 1.0
+
+
+def test_pixels_are_a_view_of_the_column_and_odd_lengths_are_refused() -> None:
+    column = pa.array([bytes(range(4)), bytes(range(4, 8))], pa.binary())
+    pixels = binary_pixels(column, 4)
+    assert pixels.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert not pixels.flags.owndata
+    with pytest.raises(ValueError, match="not all 4 bytes"):
+        binary_pixels(pa.array([b"abc", b"defgh"], pa.binary()), 4)
