@@ -103,7 +103,9 @@ def assemble(
         )
         in_order.append(averaging)
     if wire is not None:
-        in_order.append(wire)
+        # First: its idle sample (from hvd.init() to training's start, Horovod's control loop
+        # alone) ends before BroadcastBeforeFirstStep sends rank 0's weights and slots.
+        in_order.insert(0, wire)
     return RankCallbacks(
         in_order=in_order,
         schedules=schedules,
