@@ -22,6 +22,7 @@ import io
 import json
 import os
 import pickle
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -229,7 +230,14 @@ def light(monkeypatch: pytest.MonkeyPatch, fuzz_home: dict[str, Path]) -> None:
     monkeypatch.setattr(
         server_commands,
         "subprocess",
-        SimpleNamespace(run=_refuse, Popen=_refuse, DEVNULL=-3, PIPE=-1),
+        SimpleNamespace(
+            run=_refuse,
+            Popen=_refuse,
+            DEVNULL=subprocess.DEVNULL,
+            PIPE=subprocess.PIPE,
+            STDOUT=subprocess.STDOUT,
+            TimeoutExpired=subprocess.TimeoutExpired,
+        ),
     )
     real_dataset = datasets.dataset
 
