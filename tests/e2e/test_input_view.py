@@ -70,7 +70,8 @@ def test_a_slowed_rank_is_flagged_in_the_metrics_and_the_report(
     # The ingest's and the preprocess's runs, as their drivers noted them.
     ingest_rate = re.search(r"<th>MB/s</th><td>([0-9.]+) \((read|stored)", text)
     assert ingest_rate and float(ingest_rate.group(1)) > 0, text
-    assert re.search(r"<th>tasks</th><td>write: [0-9]+ in", text)  # the preprocess's shards
+    # The preprocess's passes: its raw input verified, then its shards written.
+    assert re.search(r"<th>tasks</th><td>verify: [0-9]+ in [^<]*; write: [0-9]+ in", text)
     assert "data:image/png;base64," in text
 
     shot = tmp_path / "input-view.png"
