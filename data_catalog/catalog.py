@@ -40,7 +40,7 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from data_catalog import identity
+from data_catalog import identity, openlineage_events
 from data_catalog.data_files import data_entries
 from data_catalog.durability import exclusive_lock, failpoint, fsync_dir, make_dirs, try_lock
 from data_catalog.errors import CatalogError, NotFound
@@ -477,6 +477,7 @@ class Catalog:
             self._upload_objects(self._store, staging, manifest, only_missing=True)
         staging.discard()
         self._record(manifest)
+        openlineage_events.emit_committed(self.url, manifest)  # nothing unless configured
         return manifest
 
     @contextlib.contextmanager
