@@ -1,6 +1,7 @@
 """`shardflow run` with OPENLINEAGE_URL pointing at a lineage receiver on loopback: ingest,
 preprocess and train arrive as three COMPLETE run events, each stage's output the next one's
-input (same dataset, same version), with schema, row-count and code facets."""
+input (same dataset, same version), with schema, row-count and code facets; the run ends with
+a summary for a person that names the same versions, and no library warning."""
 
 from __future__ import annotations
 
@@ -51,13 +52,17 @@ def test_a_run_arrives_as_three_linked_run_events(
 ) -> None:
     url, received = receiver
     monkeypatch.setenv("OPENLINEAGE_URL", url)
+    # A normal run (neither --json nor --verbose): a summary for a person, nothing on stderr.
     run = shardflow(
-        *("run", "fashion-mnist", "--source", str(fashion_subset), "--np", "1", "--epochs", "1"),
-        "--json",
+        *("run", "fashion-mnist", "--source", str(fashion_subset), "--np", "1", "--epochs", "1")
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "OpenLineage" not in run.stderr
-    result = run.json
+    assert run.stderr == ""
+    said = dict(line.split(maxsplit=1) for line in run.stdout.splitlines()[-6:])
+    assert run.stdout.splitlines()[-7].startswith("fashion-mnist: test accuracy ")
+    assert list(said) == ["raw", "processed", "model", "report", "Prefect", "more"]
+    assert Path(said["report"]).is_file()
+    assert "/runs/flow-run/" in said["Prefect"]
     assert [e["job"]["name"] for e in received] == [
         "ingest.fashion-mnist",
         "preprocess.fashion-mnist-processed",
@@ -75,10 +80,12 @@ def test_a_run_arrives_as_three_linked_run_events(
     assert [version(d) for d in preprocess["inputs"]] == [version(ingest["outputs"][0])]
     assert [version(d) for d in train["inputs"]] == [version(preprocess["outputs"][0])]
     processed = preprocess["outputs"][0]
-    assert processed["facets"]["version"]["datasetVersion"] == result["processed_version"]
-    assert ingest["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == result["rows"]
+    for stage, event in zip(("raw", "processed", "model"), received, strict=True):
+        output = event["outputs"][0]
+        assert said[stage].split()[0] == f"{output['name']}@{version(output)[2]}"
+    assert ingest["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 3_000
     # Training keeps equal row groups: the rows cut off are counted, not written.
-    assert 0 < processed["outputFacets"]["outputStatistics"]["rowCount"] <= result["rows"]
+    assert 0 < processed["outputFacets"]["outputStatistics"]["rowCount"] <= 3_000
     columns = [f["name"] for f in processed["facets"]["schema"]["fields"]]
     assert {"image", "label"} <= set(columns)
     for event in received:
