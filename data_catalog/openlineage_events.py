@@ -53,11 +53,14 @@ def configured(environ: os._Environ[str] | dict[str, str] | None = None) -> bool
     if any(key.startswith("OPENLINEAGE__TRANSPORT") for key in env):
         return True
     # The client's own search path for openlineage.yml (OpenLineageClient._find_yaml_config_path).
-    candidates = (
-        Path.cwd() / "openlineage.yml",
-        Path("~/.openlineage/openlineage.yml").expanduser(),
-    )
-    return any(path.is_file() for path in candidates)
+    try:
+        candidates = (
+            Path.cwd() / "openlineage.yml",
+            Path("~/.openlineage/openlineage.yml").expanduser(),
+        )
+        return any(path.is_file() for path in candidates)
+    except (OSError, RuntimeError):  # a removed working folder, no home: no file there
+        return False
 
 
 def emit_committed(catalog_url: str, manifest: Manifest) -> bool:

@@ -75,3 +75,13 @@ def test_a_failing_transport_is_a_warning_and_the_version_stands(
         version = commit(root, "a", 1)
     assert Catalog(root).exists("a", version)
     assert any("OpenLineage event for a@" in r.getMessage() for r in caplog.records)
+
+
+def test_a_removed_working_folder_is_no_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert not openlineage_events.configured({})
