@@ -89,9 +89,10 @@ $(FOOLBOX): $(STAMP)
 	mkdir -p .cache/wheels
 	$(PIP) download --quiet --no-deps --only-binary=:all: -d .cache/wheels foolbox==3.3.4
 
+# Ends with a summary for a person; `shardflow run ... --json` is the same run for machines.
 demo: setup
 	SHARDFLOW_HOME=$${SHARDFLOW_HOME:-$(CURDIR)/.demo-home} \
-		$(VENV)/bin/shardflow run fashion-mnist --np 2 --epochs 3 --verbose --json
+		$(VENV)/bin/shardflow run fashion-mnist --np 2 --epochs 3
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

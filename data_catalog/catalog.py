@@ -40,7 +40,8 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from data_catalog import identity
+from data_catalog import identity, openlineage_events
+from data_catalog.data_files import data_entries
 from data_catalog.durability import exclusive_lock, failpoint, fsync_dir, make_dirs, try_lock
 from data_catalog.errors import CatalogError, NotFound
 from data_catalog.index import Index, IndexUnusable
@@ -209,6 +210,31 @@ class Catalog:
         """Full URL of ``entry``'s bytes (for a local catalog, the absolute path of the file in
         the version's folder), for fsspec or pyarrow."""
         return self._storage.url_of(_bytes_key(self, manifest, entry))
+
+    def files(
+        self, name: str, version: str | None = None, *, split: str | None = None
+    ) -> list[str]:
+        """The data files of ``name@version`` (newest when None), each checked against the
+        manifest (size, sha256, Parquet footer), as paths or object URLs for a Parquet reader:
+        ``dd.read_parquet(files)``, DuckDB's ``read_parquet(files)``, ``pl.scan_parquet(files)``,
+        ``pyarrow.dataset.dataset(files)``, Spark's ``spark.read.parquet(*files)``.
+
+        A processed version's files of ``split`` (default: every split; never its quarantine
+        or metadata); other kinds: their Parquet files. See :mod:`data_catalog.data_files`.
+        A :class:`CatalogError` naming the first file that is not as committed.
+        """
+        manifest = self.get(name, version)
+        where = [
+            (entry, _bytes_key(self, manifest, entry)) for entry in data_entries(manifest, split)
+        ]
+        for entry, key in where:
+            problem = _check_bytes(self._storage, key, entry, self._storage.size(key))
+            if problem is not None:
+                raise CatalogError(
+                    f"{manifest.ref}: {problem.path}: {problem.reason}; run "
+                    f"`shardflow catalog verify {manifest.name}`"
+                )
+        return [self._storage.url_of(key) for _, key in where]
 
     def _manifest_location(self, name: str, version: str) -> str:
         return f"{self.version_url(name, version)}/{MANIFEST_NAME}"
@@ -451,6 +477,7 @@ class Catalog:
             self._upload_objects(self._store, staging, manifest, only_missing=True)
         staging.discard()
         self._record(manifest)
+        openlineage_events.emit_committed(self.url, manifest)  # nothing unless configured
         return manifest
 
     @contextlib.contextmanager

@@ -308,3 +308,30 @@ class PipelineResult:
 
     def summary(self) -> str:
         return self.trained.summary()
+
+    def summary_lines(self, api_url: str | None) -> list[str]:
+        """What a person reads at the end of `shardflow run`: the accuracy, the three versions,
+        the report and where the flow run is in the Prefect UI (``api_url``: the Prefect API
+        the run used, if it outlives the command; else the UI of `shardflow server`)."""
+        trained = self.trained
+        flow_run = f"runs/flow-run/{self.flow_run_id}"
+        if api_url:
+            ui = f"{api_url.rstrip('/').removesuffix('/api')}/{flow_run}"
+        else:
+            ui = f"http://127.0.0.1:4200/{flow_run}  (after `shardflow server`)"
+        lines = [
+            "",
+            f"{trained.dataset}: test accuracy {trained.test_accuracy:.2%} on "
+            f"{trained.test_rows:,} test rows, {trained.epochs} epochs on "
+            f"{trained.num_ranks} Horovod ranks ({trained.train_seconds:.0f} s of training)",
+            f"  raw        {trained.dataset}@{self.raw_version}  ({self.rows:,} rows)",
+            f"  processed  {trained.dataset_version}",
+            f"  model      {trained.model_version}",
+        ]
+        if trained.report:
+            lines.append(f"  report     {trained.report}")
+        lines += [
+            f"  Prefect    {ui}",
+            f"  more       shardflow catalog lineage {trained.model_version}; --json for machines",
+        ]
+        return lines

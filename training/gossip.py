@@ -11,7 +11,7 @@ meets every other exactly once; with an odd number of ranks one rank sits out ea
 rounds repeat, so information from every rank reaches every other.
 
 :func:`pairing_rounds` and :func:`partner` are pure; :func:`pair_process_sets` makes the static
-Horovod process sets (one per pair, registered at ``hvd.init``: :func:`registered`) and
+Horovod process sets (one per pair, registered at ``collective.init``: :func:`registered`) and
 :func:`pairwise_averaging` is the Keras callback that averages.
 """
 
@@ -77,18 +77,19 @@ def pair_process_sets(num_ranks: int) -> dict[Pair, Any]:
     rank, registered with :func:`registered` (no HOROVOD_DYNAMIC_PROCESS_SETS). With two ranks
     the pair is every rank: Horovod's global process set (Horovod refuses to register a set
     equal to it)."""
-    import horovod.tensorflow as hvd
+    from training import collective
 
     if num_ranks == 2:
-        return {(0, 1): hvd.global_process_set}
-    return {pair: hvd.ProcessSet(list(pair)) for pair in all_pairs(num_ranks)}
+        return {(0, 1): collective.global_process_set()}
+    return {pair: collective.process_set(pair) for pair in all_pairs(num_ranks)}
 
 
 def registered(process_sets: dict[Pair, Any]) -> list[Any]:
-    """What to pass as ``hvd.init(process_sets=...)``: every set but the global one."""
-    import horovod.tensorflow as hvd
+    """What to pass as ``collective.init(process_sets)``: every set but the global one."""
+    from training import collective
 
-    return [s for s in process_sets.values() if s is not hvd.global_process_set]
+    every = collective.global_process_set()
+    return [s for s in process_sets.values() if s is not every]
 
 
 def averaged_variables(model: Any) -> list[Any]:
@@ -102,11 +103,12 @@ def averaged_variables(model: Any) -> list[Any]:
 def average_with(variables: Sequence[Any], process_set: Any, name: str) -> int:
     """Replace ``variables`` by their mean over the ranks of ``process_set`` (one grouped
     allreduce); returns the payload bytes handed to Horovod."""
-    import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    from training import collective
+
     tensors = [tf.convert_to_tensor(v) for v in variables]
-    averaged = hvd.grouped_allreduce(tensors, op=hvd.Average, process_set=process_set, name=name)
+    averaged = collective.average(tensors, process_set, name)
     for variable, value in zip(variables, averaged, strict=True):
         variable.assign(value)
     return sum(int(t.shape.num_elements()) * t.dtype.size for t in tensors)
@@ -172,6 +174,8 @@ def pairwise_averaging(rank: int, num_ranks: int, every: int, process_sets: dict
 def average_all(model: Any) -> int:
     """Every rank's model replaced by the mean of all ranks' (one allreduce over all ranks,
     after training: the model version is this consensus); returns the payload bytes."""
-    import horovod.tensorflow as hvd
+    from training import collective
 
-    return average_with(averaged_variables(model), hvd.global_process_set, "pairwise_final")
+    return average_with(
+        averaged_variables(model), collective.global_process_set(), "pairwise_final"
+    )

@@ -1,4 +1,4 @@
-"""`shardflow catalog list | show | verify | lineage | gc | reindex`."""
+"""`shardflow catalog list | show | files | verify | lineage | gc | reindex`."""
 
 from __future__ import annotations
 
@@ -92,6 +92,21 @@ def cmd_show(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_files(ctx: Context, args: argparse.Namespace) -> int:
+    """One data file per line (paths, or object URLs), each checked against the manifest:
+    what DuckDB, Polars, dask.dataframe, Spark or pyarrow should read, never the manifest or
+    the quarantine."""
+    catalog = ctx.settings.catalog()
+    name, version = _split_ref(args.ref)
+    manifest = catalog.get(name, version)
+    files = catalog.files(manifest.name, manifest.version, split=args.split)
+    ctx.emit(
+        {"name": manifest.name, "version": manifest.version, "split": args.split, "files": files},
+        files,
+    )
+    return 0
+
+
 def cmd_verify(ctx: Context, args: argparse.Namespace) -> int:
     from data_catalog.errors import CatalogError, NotFound
     from preprocessing.verify_processed import check_processed
@@ -180,6 +195,12 @@ Handler = Callable[[Context, argparse.Namespace], int]
 ACTIONS: dict[str, tuple[Handler, str, str | None]] = {
     "list": (cmd_list, "every dataset and model with its latest version", None),
     "show": (cmd_show, "one version's manifest (default: the latest)", "NAME[@VERSION]"),
+    "files": (
+        cmd_files,
+        "a version's verified data files, one per line, for DuckDB, Polars, dask, Spark, "
+        "pyarrow (--split S: one split)",
+        "NAME[@VERSION]",
+    ),
     "verify": (
         cmd_verify,
         "recompute every file's digest; non-zero exit on damage",
@@ -203,4 +224,8 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         sub = actions.add_parser(action, parents=[common], help=help_text)
         if ref is not None:
             sub.add_argument("ref", metavar=ref, nargs="?" if ref.startswith("[") else None)
+        if action == "files":
+            sub.add_argument(
+                "--split", metavar="S", help="only this split (train, validation, test)"
+            )
         sub.set_defaults(handler=handler)

@@ -151,6 +151,8 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     if ctx.debug:
         os.environ["SHARDFLOW_DEBUG"] = "1"
+    # A server this command starts stops with it: the UI link then points at `shardflow server`.
+    configured_api = bool(os.environ.get("PREFECT_API_URL"))
     with api_for_this_command(ctx.settings.home / "logs", ctx.progress):
         from flows.pipeline import pipeline
 
@@ -164,7 +166,8 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
             train=train,
             launch=launch,
         )
-    ctx.emit(result, [results.PipelineResult.from_json(result).summary()])
+    api_url = os.environ.get("PREFECT_API_URL") if configured_api else None
+    ctx.emit(result, results.PipelineResult.from_json(result).summary_lines(api_url))
     return 0
 
 

@@ -286,6 +286,16 @@ def _safe_member(member: tarfile.TarInfo, archive: str) -> str | None:
     return "/".join(parts)
 
 
+def _data_filter(member: tarfile.TarInfo, dest: Path, label: str) -> None:
+    """Python's own check of an extracted member (PEP 706's "data" filter: no absolute path,
+    nothing outside ``dest``, no link, device or setuid bit), under the checks above, which
+    name the refusal in the archive's terms."""
+    try:
+        tarfile.data_filter(member, str(dest))
+    except tarfile.FilterError as exc:
+        raise SourceError(f"{label}: member {member.name!r} refused: {exc}") from exc
+
+
 def _wanted_names() -> dict[str, str]:
     """File name -> format, for every file either format may hold."""
     out: dict[str, str] = {}
@@ -400,6 +410,7 @@ def _extract(archive: Path, dest: Path, label: str) -> _Extracted:
                     path = _safe_member(member, label)
                     if path is None:
                         continue
+                    _data_filter(member, dest, label)
                     base = posixpath.basename(path)
                     if base not in wanted:
                         continue

@@ -5,7 +5,8 @@ url ── cache given and the source's state known (size, mtime / ETag / Last-M
     │      a whole entry fetched before from this state, digest checked: placed, not fetched
     │  http(s): urllib, one GET per attempt
     │      transient failure (connection reset or cut short, timeout, HTTP 5xx / 408 / 429)?
-    │      wait (backoff doubling), then ask for the rest with "Range: bytes=<have>-";
+    │      wait (sources/retry.py: backoff doubling + jitter, at least the Retry-After a
+    │      429 or 503 names), then ask for the rest with "Range: bytes=<have>-";
     │      a server that answers 200 instead of 206 sends everything again: start over
     │  other fsspec URLs and local paths (file://, s3://, /data/...): streamed copy,
     │      retried from the start
@@ -39,6 +40,13 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from preprocessing.sources.errors import SourceError
+from preprocessing.sources.retry import (
+    RetryPolicy,
+    ServerAsksTooLong,
+    Transient,
+    is_transient_status,
+    retry_after_seconds,
+)
 
 __all__ = ["DownloadError", "Fetched", "fetch", "forget", "sha256_file", "sweep_cache"]
 
@@ -47,9 +55,6 @@ Progress = Callable[[str], None]
 _CHUNK = 1 << 16
 # Seconds between progress messages when the size is unknown or the transfer is slow.
 _PROGRESS_SECONDS = 5.0
-_MAX_BACKOFF = 60.0
-# Statuses worth asking again: the server is busy, restarting or timed out on its side.
-_TRANSIENT_STATUS = frozenset({408, 425, 429})
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 # What fsspec's info() may tell of a file's current state, by filesystem.
 _STATE_FIELDS = ("size", "mtime", "ETag", "etag", "LastModified", "Last-Modified")
@@ -64,10 +69,6 @@ class Fetched(NamedTuple):
 
     sha256: str
     size: int
-
-
-class _Transient(Exception):
-    """A failure that another attempt may not meet; carries its one-line description."""
 
 
 class _Reporter:
@@ -385,42 +386,43 @@ def _write_atomically(url: str, path: Path, text: str) -> None:
 def _transfer(
     url: str, path: Path, *, timeout: float, attempts: int, backoff: float, progress: Progress
 ) -> Fetched:
-    """Fetch ``url`` whole into ``path``, retrying transient failures (the caller removes
-    ``path`` when this raises)."""
+    """Fetch ``url`` whole into ``path``, retrying transient failures by the sources' one
+    policy (:mod:`preprocessing.sources.retry`: jitter, Retry-After obeyed); each retry of an
+    HTTP transfer resumes after the bytes held (the caller removes ``path`` when this raises)."""
     partial = _Partial(url, path)
     reporter = _Reporter(url, progress)
     is_http = url.lower().startswith(("http://", "https://"))
-    failures: list[str] = []
-    for attempt in range(1, attempts + 1):
-        try:
-            if is_http:
-                _http_attempt(url, partial, timeout=timeout, resume=attempt > 1, reporter=reporter)
-            else:
-                _fsspec_attempt(url, partial, reporter=reporter)
-        except _Transient as exc:
-            failures.append(str(exc))
-            if attempt == attempts:
-                break
-            wait = min(backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
-            have = partial.held() if is_http else 0
-            progress(
-                f"{url}: {exc} (attempt {attempt}/{attempts}); retrying in {wait:.1f} s"
-                + (f", resuming at byte {have:,}" if have else "")
-            )
-            time.sleep(wait)
-            continue
+
+    def attempt(number: int) -> Fetched:
+        if is_http:
+            _http_attempt(url, partial, timeout=timeout, resume=number > 1, reporter=reporter)
+        else:
+            _fsspec_attempt(url, partial, reporter=reporter)
         return partial.fetched()
-    raise DownloadError(
-        f"{url}: failed {attempts} times, last: {failures[-1]}; check the URL and the "
-        "network, then retry"
-    )
+
+    def on_retry(number: int, failure: Transient, wait: float) -> None:
+        have = partial.held() if is_http else 0
+        progress(
+            f"{url}: {failure} (attempt {number}/{attempts}); retrying in {wait:.1f} s"
+            + (f", resuming at byte {have:,}" if have else "")
+        )
+
+    try:
+        return RetryPolicy(attempts=attempts, backoff=backoff).call(attempt, on_retry=on_retry)
+    except ServerAsksTooLong as exc:
+        raise DownloadError(f"{url}: {exc}; retry later") from exc
+    except Transient as exc:
+        raise DownloadError(
+            f"{url}: failed {attempts} times, last: {exc}; check the URL and the "
+            "network, then retry"
+        ) from exc
 
 
 def _http_attempt(
     url: str, partial: _Partial, *, timeout: float, resume: bool, reporter: _Reporter
 ) -> None:
     """One GET into ``partial``, resuming after the bytes it holds when ``resume``; raises
-    _Transient."""
+    Transient."""
     have = partial.held() if resume else 0
     headers = {"User-Agent": "shardflow", "Accept-Encoding": "identity"}
     if have:
@@ -433,19 +435,22 @@ def _http_attempt(
         if exc.code == 416 and have:
             # Our partial file is at or past the end the server knows: it cannot be trusted.
             partial.discard()
-            raise _Transient("HTTP 416 on resume; starting over") from exc
-        if exc.code >= 500 or exc.code in _TRANSIENT_STATUS:
-            raise _Transient(f"HTTP {exc.code} {exc.reason}") from exc
+            raise Transient("HTTP 416 on resume; starting over") from exc
+        if is_transient_status(exc.code):
+            raise Transient(
+                f"HTTP {exc.code} {exc.reason}",
+                retry_after=retry_after_seconds(exc.headers.get("Retry-After")),
+            ) from exc
         raise DownloadError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
     except (OSError, http.client.HTTPException) as exc:
-        raise _Transient(_describe(exc)) from exc
+        raise Transient(_describe(exc)) from exc
     with response:
         status = response.status
         if have and status == 206:
             match = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
             if match is None or int(match.group(1)) != have:
                 partial.discard()
-                raise _Transient(
+                raise Transient(
                     f"server answered the resume with Content-Range "
                     f"{response.headers.get('Content-Range')!r}; starting over"
                 )
@@ -463,7 +468,7 @@ def _http_attempt(
                 try:
                     chunk = response.read(_CHUNK)
                 except (OSError, http.client.HTTPException) as exc:
-                    raise _Transient(f"{_describe(exc)} after {partial.size:,} bytes") from exc
+                    raise Transient(f"{_describe(exc)} after {partial.size:,} bytes") from exc
                 if not chunk:
                     break
                 partial.write(chunk)
@@ -472,11 +477,11 @@ def _http_attempt(
             partial.close()
     if total is not None and partial.size != total:
         # http.client returns EOF quietly when the peer closes early: check the length here.
-        raise _Transient(f"connection closed after {partial.size:,} of {total:,} bytes")
+        raise Transient(f"connection closed after {partial.size:,} of {total:,} bytes")
 
 
 def _fsspec_attempt(url: str, partial: _Partial, *, reporter: _Reporter) -> None:
-    """One streamed copy of ``url`` into ``partial``, from the beginning; raises _Transient."""
+    """One streamed copy of ``url`` into ``partial``, from the beginning; raises Transient."""
     import fsspec
 
     try:
@@ -493,7 +498,7 @@ def _fsspec_attempt(url: str, partial: _Partial, *, reporter: _Reporter) -> None
     except (ImportError, ValueError) as exc:
         raise DownloadError(f"{url}: cannot open: {exc}") from exc
     except OSError as exc:
-        raise _Transient(_describe(exc)) from exc
+        raise Transient(_describe(exc)) from exc
 
 
 def _describe(exc: BaseException) -> str:

@@ -50,6 +50,13 @@ from preprocessing.shard_files import crash_point, partial_path, record_result, 
 from preprocessing.sources import task_progress
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import sha256_file
+from preprocessing.sources.retry import (
+    RetryPolicy,
+    ServerAsksTooLong,
+    Transient,
+    is_transient_status,
+    retry_after_seconds,
+)
 
 __all__ = [
     "COLUMNS",
@@ -353,8 +360,9 @@ _READ_CHUNK = 1 << 16
 # deadline plus its bytes at this rate).
 _SLOWEST_BYTES_PER_SECOND = 64 << 10
 _ATTEMPTS = 3
-# Statuses worth asking again: the server is busy, restarting or timed out on its side.
-_TRANSIENT_STATUS = frozenset({408, 425, 429})
+# The sources' one policy (sources/retry.py): 2 s, then 4 s, each plus up to 1 s of jitter, or
+# longer when SkyServer's 429/503 says Retry-After.
+_POLICY = RetryPolicy(attempts=_ATTEMPTS, backoff=2.0, jitter=1.0)
 _CHARSET = re.compile(r"charset=\"?([A-Za-z0-9_.:-]+)", re.IGNORECASE)
 
 
@@ -385,10 +393,6 @@ class _Answer:
     text: str
     sha256: str
     fetched_at: str
-
-
-class _Transient(Exception):
-    """A failure that another attempt may not meet; carries its one-line description."""
 
 
 class _SkyServer:
@@ -435,30 +439,30 @@ class _SkyServer:
         payload = self.client.query_sql_async(
             sql, data_release=self.data_release, get_query_payload=True
         )
-        for attempt in range(1, _ATTEMPTS + 1):
+
+        def attempt(_number: int) -> _Answer:
             fetched_at = datetime.now(UTC).isoformat(timespec="seconds")
-            try:
-                body, charset = self._get(payload, reply_cap(rows), what)
-            except _Transient as exc:
-                if attempt == _ATTEMPTS:
-                    raise SourceError(
-                        f"{self.url}: {exc} ({_ATTEMPTS} attempts); retry later"
-                    ) from exc
-                wait = 2.0**attempt
-                self.progress(
-                    f"{self.url}: {exc} (attempt {attempt}/{_ATTEMPTS}); retrying in {wait:.0f} s"
-                )
-                time.sleep(wait)
-                continue
+            body, charset = self._get(payload, reply_cap(rows), what)
             return _Answer(
                 text=body.decode(charset, errors="replace"),
                 sha256=hashlib.sha256(body).hexdigest(),
                 fetched_at=fetched_at,
             )
-        raise AssertionError("unreachable")
+
+        def on_retry(number: int, failure: Transient, wait: float) -> None:
+            self.progress(
+                f"{self.url}: {failure} (attempt {number}/{_ATTEMPTS}); retrying in {wait:.1f} s"
+            )
+
+        try:
+            return _POLICY.call(attempt, on_retry=on_retry)
+        except ServerAsksTooLong as exc:
+            raise SourceError(f"{self.url}: {exc}; retry later") from exc
+        except Transient as exc:
+            raise SourceError(f"{self.url}: {exc} ({_ATTEMPTS} attempts); retry later") from exc
 
     def _get(self, payload: Mapping[str, Any], cap: int, what: str) -> tuple[bytes, str]:
-        """One GET: (the reply's bytes, its charset); raises _Transient."""
+        """One GET: (the reply's bytes, its charset); raises Transient."""
         import requests
 
         from data_catalog import deadlines
@@ -480,20 +484,23 @@ class _SkyServer:
                             errors="replace"
                         )
                     )
-                    if status >= 500 or status in _TRANSIENT_STATUS:
-                        raise _Transient(f"HTTP {status}: {gist}")
+                    if is_transient_status(status):
+                        raise Transient(
+                            f"HTTP {status}: {gist}",
+                            retry_after=retry_after_seconds(response.headers.get("Retry-After")),
+                        )
                     raise SourceError(f"{self.url}: HTTP {status}: {gist}")
                 body = _read_capped(
                     response, cap, f"{self.url}: reply exceeds {cap:,} bytes {what}", until=until
                 )
                 return body, _charset(response.headers.get("Content-Type", ""))
         except _Late:
-            raise _Transient(
+            raise Transient(
                 f"the reply was not whole within {limit:.0f} s and arrived slower than "
                 f"{_SLOWEST_BYTES_PER_SECOND >> 10} KiB/s (the limit is {deadlines.REPLY.variable})"
             ) from None
         except (requests.RequestException, OSError) as exc:
-            raise _Transient(f"cannot query SkyServer: {_one_line(str(exc))}") from exc
+            raise Transient(f"cannot query SkyServer: {_one_line(str(exc))}") from exc
 
 
 class _Late(Exception):

@@ -1,7 +1,11 @@
-"""Regenerate ``schemas/*.json``: the JSON schemas of the two custom resources in
+"""Regenerate ``schemas/*.json``: the JSON schemas of the custom resources in
 deploy/kubernetes/, derived from the CRDs their operators publish.
 
     python tests/deploy/make_crd_schemas.py MPI_OPERATOR_YAML DASKCLUSTER_CRD_YAML
+    python tests/deploy/make_crd_schemas.py trainer TRAINJOBS_CRD_YAML RUNTIMES_CRD_YAML
+
+The last two are kubeflow/trainer's ``manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml``
+and ``..._clustertrainingruntimes.yaml`` (Kubeflow Trainer v2: TrainJob, ClusterTrainingRuntime).
 
 MPI_OPERATOR_YAML is kubeflow/mpi-operator's ``deploy/v2beta1/mpi-operator.yaml`` and
 DASKCLUSTER_CRD_YAML dask/dask-kubernetes'
@@ -17,7 +21,10 @@ with three changes:
   CRD cannot express: Launcher and Worker replica specs, one launcher, the restart and clean-pod
   policies it accepts.
 
-Descriptions are dropped to keep the files small.
+Descriptions are dropped to keep the files small. In the Trainer v2 schemas the runtime's
+pod templates refer to Kubernetes' PodTemplateSpec the same way; a TrainJob's
+``runtimePatches`` (a partial pod spec, unused here) are kept as free objects; the CEL rules
+(``x-kubernetes-validations``) are not checked.
 """
 
 from __future__ import annotations
@@ -110,7 +117,49 @@ def daskcluster(path: Path, source: str) -> dict[str, Any]:
     return _envelope(_strict(schema), "kubernetes.dask.org/v1", "DaskCluster", source)
 
 
+TRAINER_SOURCE = (
+    "kubeflow/trainer v2.3.0 (658725bdae5c7e3a0854d93ac6ff492e109a22ab) "
+    "manifests/base/crds/trainer.kubeflow.org_{}.yaml; regenerate with "
+    "tests/deploy/make_crd_schemas.py trainer"
+)
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+
+
+def trainjob(path: Path) -> dict[str, Any]:
+    schema = _crd_version(path, "TrainJob", "v1alpha1")
+    patches = schema["properties"]["spec"]["properties"].get("runtimePatches")
+    if patches is not None:
+        patches["items"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema = _strict(schema)
+    return _envelope(schema, TRAINER_API, "TrainJob", TRAINER_SOURCE.format("trainjobs"))
+
+
+def clustertrainingruntime(path: Path) -> dict[str, Any]:
+    schema = _crd_version(path, "ClusterTrainingRuntime", "v1alpha1")
+    jobset = schema["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
+    job = jobset["properties"]["replicatedJobs"]["items"]["properties"]["template"]
+    job["properties"]["spec"]["properties"]["template"] = {
+        "$ref": K8S_DEFS + "io.k8s.api.core.v1.PodTemplateSpec"
+    }
+    schema = _strict(schema)
+    return _envelope(
+        schema,
+        TRAINER_API,
+        "ClusterTrainingRuntime",
+        TRAINER_SOURCE.format("clustertrainingruntimes"),
+    )
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["trainer"]:
+        jobs, runtimes = (Path(arg) for arg in argv[1:])
+        trainer = {
+            "trainjob-v1alpha1.json": trainjob(jobs),
+            "clustertrainingruntime-v1alpha1.json": clustertrainingruntime(runtimes),
+        }
+        for name, schema in trainer.items():
+            (HERE / name).write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
+        return
     mpi_yaml, dask_yaml = (Path(arg) for arg in argv)
     outputs = {
         "mpijob-v2beta1.json": mpijob(

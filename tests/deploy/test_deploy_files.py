@@ -1,7 +1,8 @@
 """The deploy files validate offline, and cannot drift from the CLI.
 
     deploy/kubernetes/**.yaml ─ built-in kinds: kubernetes-validate, strict, Kubernetes 1.32
-                              ─ DaskCluster, MPIJob: jsonschema against schemas/*.json (derived
+                              ─ DaskCluster, MPIJob, TrainJob, ClusterTrainingRuntime:
+                                jsonschema against schemas/*.json (derived
                                 from the operators' published CRDs, make_crd_schemas.py), their
                                 pods against the same Kubernetes 1.32 definitions
     deploy/compose.yaml       ─ docker-compose config -q (Debian's 1.29; `make test` installs it)
@@ -42,6 +43,10 @@ KUBERNETES_VERSION = "1.32.0"
 CRD_SCHEMAS = {
     ("kubernetes.dask.org/v1", "DaskCluster"): "daskcluster-v1.json",
     ("kubeflow.org/v2beta1", "MPIJob"): "mpijob-v2beta1.json",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainjob-v1alpha1.json",
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): (
+        "clustertrainingruntime-v1alpha1.json"
+    ),
 }
 IMAGE = "registry.example.com/shardflow:0.1.0"
 # The Prefect server's database: PostgreSQL's own image, Debian's major version (the one the
@@ -192,6 +197,8 @@ def test_every_kind_the_admin_applies_is_there() -> None:
         ("batch/v1", "Job"),
         ("kubernetes.dask.org/v1", "DaskCluster"),
         ("kubeflow.org/v2beta1", "MPIJob"),
+        ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+        ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"),
     }
 
 
@@ -247,6 +254,22 @@ BROKEN_MANIFESTS = [
     pytest.param(
         "jobs/train-mpijob.yaml", "containerPort: 22", 'containerPort: "22"', "is not of type",
         id="mpijob-pod-port-string",
+    ),
+    pytest.param(
+        "jobs/train-trainjob.yaml", "  runtimeRef:", "  runtime:", "runtime",
+        id="trainjob-no-runtimeRef",
+    ),
+    pytest.param(
+        "jobs/train-trainjob.yaml", "numNodes: 2", "numNodes: two", "is not of type",
+        id="trainjob-nodes-string",
+    ),
+    pytest.param(
+        "jobs/train-runtime.yaml", "mpiImplementation: OpenMPI", "mpiImplementation: MPICH",
+        "MPICH", id="runtime-implementation",
+    ),
+    pytest.param(
+        "jobs/train-runtime.yaml", "containerPort: 22", 'containerPort: "22"', "is not of type",
+        id="runtime-pod-port-string",
     ),
 ]  # fmt: skip
 
@@ -362,6 +385,44 @@ def test_mpijob_hostfile_is_what_horovodrun_reads(tmp_path: Path) -> None:
     args = build_parser().parse_args(launcher["command"][1:])
     assert args.hostfile == "/etc/mpi/hostfile"
     assert args.num_ranks == workers * slots
+
+
+def test_trainjob_hostfile_is_what_horovodrun_reads(tmp_path: Path) -> None:
+    """Kubeflow Trainer v2's MPI plugin (v2.3.0, OpenMPI) writes one '%s slots=%d' line per node
+    pod (pkg/runtime/framework/plugins/mpi, buildHostFileConfigMap), each named
+    <trainjob>-<replicated job>-<job index>-<pod index>.<trainjob> (plugins/jobset); the launcher
+    gets it only in a container named "node", and the TrainJob's command must run horovodrun on
+    every slot."""
+    from horovod.runner.common.util import hosts
+
+    docs = all_manifests()
+    (job,) = [doc for doc in docs if doc["kind"] == "TrainJob"]
+    (runtime,) = [doc for doc in docs if doc["kind"] == "ClusterTrainingRuntime"]
+    assert job["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    mpi = runtime["spec"]["mlPolicy"]["mpi"]
+    assert mpi["mpiImplementation"] == "OpenMPI" and not mpi["runLauncherAsNode"]
+    name, nodes, slots = (
+        job["metadata"]["name"],
+        job["spec"]["trainer"]["numNodes"],
+        mpi["numProcPerNode"],
+    )
+    names = [f"{name}-node-0-{i}.{name}" for i in range(nodes)]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{host} slots={slots}\n" for host in names))
+    parsed = hosts.parse_hosts_and_slots(hosts.parse_host_files(str(hostfile)))
+    assert parsed == (names, dict.fromkeys(names, slots))
+
+    replicated = {r["name"]: r for r in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    assert set(replicated) == {"node", "launcher"}
+    launcher = replicated["launcher"]["template"]
+    assert (
+        launcher["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
+    )
+    (container,) = launcher["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "node"  # else no ssh keys and no hostfile
+    args = build_parser().parse_args(job["spec"]["trainer"]["command"][1:])
+    assert args.hostfile == "/etc/mpi/hostfile"
+    assert args.num_ranks == nodes * slots
 
 
 # -- Compose --------------------------------------------------------------------------------

@@ -221,3 +221,28 @@ def test_the_pipeline_result_is_the_train_result_with_the_runs_versions_beside_i
     assert list(data) == [*TRAIN_KEYS, "raw_version", "processed_version", "rows", "flow_run_id"]
     assert PipelineResult.from_json(data) == result
     assert result.summary() == trained().summary()
+
+
+def test_the_pipeline_summary_speaks_to_a_person() -> None:
+    result = PipelineResult(
+        trained=replace(trained(), report="/home/.demo-home/catalog/report.html"),
+        raw_version="fedcba9876543210",
+        processed_version="0011223344556677",
+        rows=70_000,
+        flow_run_id="1b2c",
+    )
+    lines = result.summary_lines("http://127.0.0.1:4300/api")
+    assert lines[1:] == [
+        "sdss: test accuracy 87.50% on 1,000 test rows, 3 epochs on 2 Horovod ranks "
+        "(12 s of training)",
+        "  raw        sdss@fedcba9876543210  (70,000 rows)",
+        "  processed  sdss-processed@0011223344556677",
+        "  model      sdss-dnn@0123456789abcdef",
+        "  report     /home/.demo-home/catalog/report.html",
+        "  Prefect    http://127.0.0.1:4300/runs/flow-run/1b2c",
+        "  more       shardflow catalog lineage sdss-dnn@0123456789abcdef; --json for machines",
+    ]
+    # A server the command started is gone with it: the link is that of `shardflow server`.
+    assert result.summary_lines(None)[-2] == (
+        "  Prefect    http://127.0.0.1:4200/runs/flow-run/1b2c  (after `shardflow server`)"
+    )

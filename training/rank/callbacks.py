@@ -59,21 +59,20 @@ def assemble(
     input_meter: InputMeter,
     wire: WireMeter | None,
 ) -> RankCallbacks:
-    import horovod.tensorflow as hvd_tf
-    import horovod.tensorflow.keras as hvd
+    from training import collective
 
     train, run_dir = config.train, Path(config.run_dir)
     in_order: list[Any] = [
         # Horovod: start every rank from rank 0's initial weights, before the first step.
-        BroadcastBeforeFirstStep(built.optimizer, hvd_tf.broadcast_variables),
+        BroadcastBeforeFirstStep(built.optimizer, collective.broadcast_variables),
         # Horovod: report metrics averaged over all ranks.
-        hvd.callbacks.MetricAverageCallback(),
+        collective.metric_average_callback(),
     ]
     schedules = learning_rate_schedules(train, built.scaled_lr, config.steps_per_epoch)
     in_order += schedules
     # After MetricAverageCallback and before the checkpoints, which it keeps from saving a
     # diverged epoch. Horovod: every rank's row of losses, to every rank.
-    guard = DivergenceGuard(lambda tensor, name: hvd_tf.allgather(tensor, name=name).numpy())
+    guard = DivergenceGuard(lambda tensor, name: collective.allgather(tensor, name=name).numpy())
     in_order.append(guard)
     checkpointer = None
     if world.rank == 0:
@@ -89,7 +88,7 @@ def assemble(
         world.rank,
         run_dir / EPOCHS_FILE,
         # Horovod: every rank's figures of each epoch to rank 0.
-        lambda record, name: hvd_tf.allgather_object(record, name=name),
+        lambda record, name: collective.allgather_object(record, name=name),
     )
     # Horovod: one TensorBoard folder per rank for its input scalars.
     log_dir = str(run_dir / "tensorboard" / f"rank-{world.rank}")

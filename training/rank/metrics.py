@@ -52,13 +52,13 @@ def gather(
     train_seconds: float,
 ) -> Measured:
     """Every rank's figures, on every rank (each rank calls this: the gathers are collective)."""
-    import horovod.tensorflow as hvd_tf
+    from training import collective
 
     # Horovod: the model version of a pairwise run is the mean of every rank's model (one
     # allreduce over all ranks, after the wire meter's last epoch).
     final_average_bytes = gossip.average_all(built.model) if parts.averaging is not None else 0
     pairwise_by_rank = (
-        hvd_tf.allgather_object(parts.averaging.report(), name="pairwise")
+        collective.allgather_object(parts.averaging.report(), name="pairwise")
         if parts.averaging is not None
         else None
     )
@@ -66,12 +66,12 @@ def gather(
     # counters were read: this gather is not counted in them).
     wire = parts.wire
     wire_by_rank = (
-        hvd_tf.allgather_object(wire.report(), name="wire_meter") if wire is not None else None
+        collective.allgather_object(wire.report(), name="wire_meter") if wire is not None else None
     )
     # Horovod: every rank's input metrics, in rank order, to rank 0 (once, after training).
-    input_by_rank = hvd_tf.allgather_object(parts.steps.report(), name="input_meter")
+    input_by_rank = collective.allgather_object(parts.steps.report(), name="input_meter")
     # Horovod: every rank's measured memory (peak RSS; allocator peaks where tracked).
-    memory_by_rank = hvd_tf.allgather_object(
+    memory_by_rank = collective.allgather_object(
         pipeline_parallel.measured_memory(devices), name="memory"
     )
     return Measured(

@@ -76,21 +76,20 @@ def compiled(config: WorkerConfig, spec: InputSpec, world: World, devices: list[
 
 def _optimizer(config: WorkerConfig, scaled_lr: float) -> tuple[Any, Any]:
     """(optimizer, the counter of bytes it hands to allreduce)."""
-    import horovod.tensorflow.keras as hvd
+    from training import collective
 
     train = config.train
     # Horovod: average gradients across ranks with allreduce; with K backward passes per step,
     # gradients of K local batches are summed locally and sent once (K times less traffic).
     sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="allreduce_bytes")
-    compression = hvd.Compression.fp16 if train.compression == "fp16" else hvd.Compression.none
+    compression = collective.compression(train.compression)
     if train.sync == "pairwise":
         # --sync pairwise: each rank steps on its own gradients; training.gossip averages
         # weights with one partner every --average-every steps.
         return tf.keras.optimizers.legacy.Adam(scaled_lr), sent
-    optimizer = hvd.DistributedOptimizer(
+    optimizer = collective.distributed_optimizer(
         tf.keras.optimizers.legacy.Adam(scaled_lr),
         backward_passes_per_step=train.backward_passes_per_step,
-        average_aggregated_gradients=True,
         compression=counting_compression(compression, sent),
     )
     return optimizer, sent

@@ -63,11 +63,11 @@ def resume_choice(checkpoints_dir: Path, step_file: Path) -> dict[str, Any]:
 
 def resume(model: Any, optimizer: Any, config: WorkerConfig, world: World) -> StartPoint:
     """Every rank continues from rank 0's newest checkpoint (``--resume``)."""
-    import horovod.tensorflow as hvd_tf
+    from training import collective
 
     # Horovod: rank 0 decides where to resume from and tells the others.
     choice = resume_choice(checkpoints_dir(config), step_file(config)) if world.rank == 0 else None
-    choice = hvd_tf.broadcast_object(choice, root_rank=0)
+    choice = collective.broadcast_object(choice, root_rank=0)
     # Horovod: every rank creates the optimizer's slots, so that all of them are broadcast.
     optimizer._create_all_weights(model.trainable_variables)
     if choice["kind"] == "epoch":
@@ -88,8 +88,8 @@ def resume(model: Any, optimizer: Any, config: WorkerConfig, world: World) -> St
         start = _from_step(model, position, config, world)
     # Horovod: every rank starts from rank 0's restored weights and optimizer state (the
     # broadcast callback acts only after the first step, which must already be equal).
-    hvd_tf.broadcast_variables(model.variables, root_rank=0)
-    hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
+    collective.broadcast_variables(model.variables, root_rank=0)
+    collective.broadcast_variables(optimizer.variables(), root_rank=0)
     return start
 
 
@@ -98,7 +98,7 @@ def _from_step(
 ) -> StartPoint:
     """Rank 0 restores the step checkpoint at ``position``; every rank plans the rest of its
     epoch (on this run's rank count)."""
-    import horovod.tensorflow as hvd_tf
+    from training import collective
 
     plan = checkpoints.plan_resume(
         position, num_ranks=world.num_ranks, batch_size=config.train.batch_size
@@ -112,7 +112,7 @@ def _from_step(
         counters = restore_step_checkpoint(model, checkpoints.load(step_file(config)))
         print(note, flush=True)
     # Horovod: rank 0's random counters to every rank, which keeps its own keys.
-    counters = hvd_tf.broadcast_object(counters, root_rank=0)
+    counters = collective.broadcast_object(counters, root_rank=0)
     if counters:
         models.restore_random_counters(model, counters)
     steps_per_epoch = config.steps_per_epoch

@@ -27,7 +27,7 @@ def learning_rate_schedules(
     train: TrainConfig, scaled_lr: float, steps_per_epoch: int
 ) -> list[Any]:
     """The Keras callbacks that set the learning rate of every step, in order."""
-    import horovod.tensorflow.keras as hvd
+    from training import collective
 
     # At most the run's epochs, whatever the configuration asks.
     warmup_epochs = min(train.warmup_epochs, train.epochs)
@@ -35,7 +35,7 @@ def learning_rate_schedules(
     if warmup_epochs:
         # Horovod: ramp the scaled learning rate up over the first epoch(s).
         schedules.append(
-            assigned_rate(hvd.callbacks.LearningRateWarmupCallback)(
+            assigned_rate(collective.warmup_callback_class())(
                 initial_lr=scaled_lr,
                 warmup_epochs=warmup_epochs,
                 steps_per_epoch=steps_per_epoch,
@@ -46,7 +46,7 @@ def learning_rate_schedules(
         # Then a cosine decay to the end: on short schedules the last epoch at a low rate is
         # worth about a point of test accuracy.
         schedules.append(
-            assigned_rate(hvd.callbacks.LearningRateScheduleCallback)(
+            assigned_rate(collective.schedule_callback_class())(
                 initial_lr=scaled_lr,
                 multiplier=cosine_decay(warmup_epochs, train.epochs),
                 start_epoch=warmup_epochs,

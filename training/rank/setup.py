@@ -49,9 +49,7 @@ class World:
 
 def init_horovod(train: TrainConfig) -> World:
     """Horovod initialised for ``train``; where this rank is."""
-    import horovod.tensorflow.keras as hvd
-
-    from training import gossip
+    from training import collective, gossip
 
     # petastorm 0.13.1 reads through pyarrow's legacy ParquetDataset, which warns on every
     # call; pyarrow stays at 14 for it (docs/STACK.md).
@@ -59,12 +57,12 @@ def init_horovod(train: TrainConfig) -> World:
     # Horovod: --sync pairwise averages weights on static process sets of two ranks, one per
     # pair, which every rank registers at init.
     pair_sets = gossip.pair_process_sets(train.num_ranks) if train.sync == "pairwise" else {}
-    hvd.init(process_sets=gossip.registered(pair_sets))
+    where = collective.init(gossip.registered(pair_sets))
     return World(
-        rank=hvd.rank(),
-        num_ranks=hvd.size(),
-        local_rank=hvd.local_rank(),
-        local_size=hvd.local_size(),
+        rank=where.rank,
+        num_ranks=where.num_ranks,
+        local_rank=where.local_rank,
+        local_size=where.local_size,
         pair_sets=pair_sets,
     )
 

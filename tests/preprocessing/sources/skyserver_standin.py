@@ -61,6 +61,9 @@ class StandIn:
     mode: str = "ok"  # ok | empty | error | http500 | endless (pages never end)
     fail_after_pages: int | None = None  # page queries past this many get HTTP 503
     delay: float = 0.0  # seconds before each reply
+    busy_replies: int = 0  # the first requests this many get HTTP 429 with Retry-After
+    retry_after: str = "2"
+    asked_at: list[float] = field(default_factory=list)  # time.monotonic() of each request
     endless_bytes: int = 600_000_000  # where an "endless" reply stops, should a client read on
     queries: list[str] = field(default_factory=list)
     url: str = ""
@@ -107,6 +110,10 @@ class StandIn:
     def respond(self, cmd: str) -> tuple[int, bytes | Iterator[bytes]]:
         """(HTTP status, body: whole, or a stream of unknown length)."""
         page = "count(*)" not in cmd
+        if self.busy_replies > 0:
+            self.busy_replies -= 1
+            self.queries.append(cmd)
+            return 429, b"Too Many Requests: slow down"
         if self.mode == "endless" and page:
             self.queries.append(cmd)
             return 200, self._endless()
@@ -141,6 +148,7 @@ def serve(standin: StandIn) -> Iterator[StandIn]:
                 self.send_error(400)
                 return
             with standin._lock:
+                standin.asked_at.append(time.monotonic())
                 standin.in_flight += 1
                 standin.max_in_flight = max(standin.max_in_flight, standin.in_flight)
             try:
@@ -149,6 +157,8 @@ def serve(standin: StandIn) -> Iterator[StandIn]:
                 status, body = standin.respond(query["cmd"][0])
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain")
+                if status == 429:
+                    self.send_header("Retry-After", standin.retry_after)
                 if isinstance(body, bytes):
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()

@@ -1,0 +1,109 @@
+"""A version read by the ecosystem's own readers through `Catalog.files` and `shardflow catalog
+files`: DuckDB and Polars count exactly the manifest's rows per split, never a quarantine row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from data_catalog import Catalog, CatalogError
+from data_catalog.layout import ProcessedLayout
+from tests.conftest import Result
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("readers") / "home"
+
+
+def _read_counts(files: list[str], label: str) -> tuple[int, int, int, int]:
+    """(rows, labelled rows) in DuckDB, then in Polars."""
+    # DuckDB 2 relations keep no result: fetchall() runs the query once (fetchone() is gone).
+    relation = duckdb.sql(f"select count(*), count({label}) from read_parquet({files!r})")
+    assert relation is not None
+    ((rows, labelled),) = relation.fetchall()
+    polars_rows, polars_labelled = (
+        pl.scan_parquet(files).select(pl.len(), pl.col(label).count()).collect().row(0)
+    )
+    return rows, labelled, polars_rows, polars_labelled
+
+
+def _check_every_split(catalog: Catalog, name: str) -> ProcessedLayout:
+    layout = ProcessedLayout.of(catalog.get(name))
+    assert set(layout.splits) == {"train", "validation", "test"}
+    for split, counts in layout.splits.items():
+        files = catalog.files(name, split=split)
+        assert all(f"/{split}/" in f and f.endswith(".parquet") for f in files)
+        assert _read_counts(files, layout.label_column) == (counts.rows,) * 4, split
+    whole = catalog.files(name)
+    assert _read_counts(whole, layout.label_column) == (layout.rows,) * 4
+    return layout
+
+
+def test_sdss_version_read_whole_without_quarantine(
+    shardflow: Callable[..., Result], home: Path
+) -> None:
+    assert (
+        shardflow(
+            "synth", "sdss", "--rows", "20000", "--files", "2", "--out", str(home / "ex"), home=home
+        ).returncode
+        == 0
+    )
+    assert shardflow("ingest", "sdss", "--source", str(home / "ex"), home=home).returncode == 0
+    assert shardflow("preprocess", "sdss", "--workers", "1", home=home).returncode == 0
+    catalog = Catalog(home / "catalog")
+    layout = _check_every_split(catalog, "sdss-processed")
+    assert layout.quarantine is not None and layout.quarantine.rows > 0
+    # Every row read came from a split: what the quarantine holds is none of them.
+    assert layout.rows + layout.quarantine.rows == layout.rows_in
+
+    listed = shardflow("catalog", "files", "sdss-processed", "--split", "train", home=home)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == catalog.files("sdss-processed", split="train")
+
+
+def test_petastorm_images_read_whole(
+    shardflow: Callable[..., Result], home: Path, fashion_subset: Path
+) -> None:
+    assert (
+        shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset), home=home).returncode
+        == 0
+    )
+    made = shardflow(
+        "preprocess", "fashion-mnist", "--format", "petastorm", "--workers", "1", home=home
+    )
+    assert made.returncode == 0, made.stderr
+    catalog = Catalog(home / "catalog")
+    _check_every_split(catalog, "fashion-mnist-processed")
+    # The Petastorm metadata stays with its split but is not handed to readers as data.
+    manifest = catalog.get("fashion-mnist-processed")
+    assert any(f.path == "train/_common_metadata" for f in manifest.files)
+    assert not any("_common_metadata" in f for f in catalog.files("fashion-mnist-processed"))
+
+
+def test_files_refuses_what_it_cannot_list(shardflow: Callable[..., Result], home: Path) -> None:
+    """Runs after the two above (same module home): a bad split, a split of a raw version, a
+    version without Parquet, and a damaged file are each one line and a non-zero exit."""
+    for args, said in (
+        (("sdss-processed", "--split", "quarantine"), "has no split 'quarantine'"),
+        (("sdss", "--split", "train"), "it has no splits"),
+        (("fashion-mnist",), "holds no Parquet data file"),
+    ):
+        result = shardflow("catalog", "files", *args, home=home)
+        assert result.returncode != 0 and result.stdout == ""
+        assert result.stderr.startswith("shardflow: ") and said in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    catalog = Catalog(home / "catalog")
+    victim = Path(catalog.files("sdss-processed", split="test")[0])
+    victim.chmod(0o644)
+    with victim.open("r+b") as f:
+        f.seek(100)
+        f.write(b"\0\0\0\0")
+    with pytest.raises(CatalogError, match="sha256 mismatch"):
+        catalog.files("sdss-processed")
+    result = shardflow("catalog", "files", "sdss-processed", home=home)
+    assert result.returncode != 0 and "sha256 mismatch" in result.stderr
