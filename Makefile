@@ -21,12 +21,13 @@ FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
 HOROVOD_ENV := CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup demo test test-fast lint postgres-server help
+.PHONY: setup demo test test-fast lint postgres-server help experiment-setup
 
 help:
 	@echo "make demo   ingest, preprocess and train real Fashion-MNIST on 2 Horovod ranks"
 	@echo "make test   lint, type checks and the test suite"
 	@echo "make setup  the environment alone (.venv, Horovod, Debian data)"
+	@echo "make experiment-setup  setup, plus what docs/experiments.md needs (MNIST CSV, sshd, CIFAR-10)"
 
 setup: $(STAMP) $(FASHION_MNIST)
 
@@ -88,6 +89,22 @@ $(MNIST_5K): $(STAMP)
 $(FOOLBOX): $(STAMP)
 	mkdir -p .cache/wheels
 	$(PIP) download --quiet --no-deps --only-binary=:all: -d .cache/wheels foolbox==3.3.4
+
+# What the experiments need beyond `make setup` (docs/experiments.md): the 5,000 real MNIST
+# digits, Debian's OpenSSH (the namespaced hosts run sshd), and the synthetic CIFAR-10 made from
+# the 20 real pictures in foolbox's wheel, all 20 on both the training and the test side.
+CIFAR10_POOL := .cache/cifar10-pool/test_batch.bin
+CIFAR10_SYNTHETIC := .cache/cifar10-synthetic/SYNTHETIC.json
+
+$(CIFAR10_POOL): $(FOOLBOX)
+	$(PY) -m lab.cifar10_pool $(FOOLBOX) .cache/cifar10-pool
+
+$(CIFAR10_SYNTHETIC): $(CIFAR10_POOL)
+	rm -rf .cache/cifar10-synthetic
+	$(VENV)/bin/shardflow synth cifar10 --source .cache/cifar10-pool --rows 4000 --test-rows 800 \
+		--out .cache/cifar10-synthetic
+
+experiment-setup: setup $(MNIST_5K) $(SSHD) $(CIFAR10_SYNTHETIC)
 
 # Ends with a summary for a person; `shardflow run ... --json` is the same run for machines.
 demo: setup

@@ -195,6 +195,13 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     help="share hashed into the test split, for sources without an official one",
                     default_help="sdss: 0.1",
                 ),
+                Flag(
+                    field="redshift_feature",
+                    flag="--with-redshift",
+                    switch=True,
+                    help="sdss: train on the spectroscopic redshift too (it nearly decides the "
+                    "class by itself; the seed paper's features leave it out)",
+                ),
             ),
         ),
         "cluster": (

@@ -139,6 +139,9 @@ class JobOptions:
     default."""
     test_fraction: float | None = None
     """Share hashed into the test split, for sources without an official test split."""
+    redshift_feature: bool = False
+    """SDSS only: train on the spectroscopic redshift too (it nearly decides the class by
+    itself, and the seed paper's features do not include it)."""
 
     def __post_init__(self) -> None:
         if self.format is not None and self.format not in FORMATS:

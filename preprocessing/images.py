@@ -510,6 +510,8 @@ def plan_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> ImageJob:
         if options.validation_fraction is None
         else options.validation_fraction
     )
+    if options.redshift_feature:
+        raise ConfigError("redshift_feature", f"is for sdss; {raw.name} holds images")
     if options.test_fraction:
         raise ConfigError(
             "test_fraction",

@@ -56,21 +56,24 @@ def encode_image(image_shape: Sequence[int], pixels: npt.NDArray[np.uint8]) -> b
 # SDSS: star/galaxy/QSO features. Colours are differences of adjacent bands' magnitudes.
 SDSS_CLASSES = ("STAR", "GALAXY", "QSO")
 _BANDS = ("u", "g", "r", "i", "z")
-SDSS_FEATURES = (
-    *_BANDS,
-    "u_g",
-    "g_r",
-    "r_i",
-    "i_z",
-    *(f"petroMag_{b}" for b in _BANDS),
-    *(f"petroRad_{b}" for b in _BANDS),
-)
-SDSS_SCHEMA = pa.schema(
-    [
-        *(pa.field(name, pa.float32(), nullable=False) for name in SDSS_FEATURES),
-        pa.field("label", pa.int64(), nullable=False),  # index into SDSS_CLASSES
-        pa.field("redshift", pa.float64(), nullable=False),
-        pa.field("objid", pa.uint64(), nullable=False),
-        pa.field("specobjid", pa.uint64(), nullable=False),
-    ]
-)
+# The photometric features every SDSS source gives; the Petrosian ones only sources that
+# carry petroMag_* and petroRad_* (the seed query's), not the DR14 sample of shared/data.
+SDSS_PHOTOMETRY = (*_BANDS, "u_g", "g_r", "r_i", "i_z")
+SDSS_PETROSIAN = (*(f"petroMag_{b}" for b in _BANDS), *(f"petroRad_{b}" for b in _BANDS))
+SDSS_FEATURES = (*SDSS_PHOTOMETRY, *SDSS_PETROSIAN)
+
+
+def sdss_schema(stored: tuple[str, ...] = SDSS_FEATURES) -> pa.Schema:
+    """A processed SDSS file: the ``stored`` features (float32), then label, redshift, ids."""
+    return pa.schema(
+        [
+            *(pa.field(name, pa.float32(), nullable=False) for name in stored),
+            pa.field("label", pa.int64(), nullable=False),  # index into SDSS_CLASSES
+            pa.field("redshift", pa.float64(), nullable=False),
+            pa.field("objid", pa.uint64(), nullable=False),
+            pa.field("specobjid", pa.uint64(), nullable=False),
+        ]
+    )
+
+
+SDSS_SCHEMA = sdss_schema()

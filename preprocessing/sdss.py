@@ -140,6 +140,8 @@ def quarantine_codes(table: pa.Table) -> npt.NDArray[np.int16]:
         codes[bad & (codes == 0)] = _REASON_CODE[reason]
 
     for name in (*_MAGNITUDES, *_RADII):
+        if name not in table.column_names:
+            continue  # a source without Petrosian columns (its features have none)
         values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
         low, high = _MAGNITUDE_RANGE if name in _MAGNITUDES else _RADIUS_RANGE
         mark(np.isnan(values), f"nan:{name}")
@@ -172,8 +174,8 @@ def split_codes(table: pa.Table, fractions: dict[str, float]) -> npt.NDArray[np.
     return splits.assign(splits.sample_hash(objid, specobjid), fractions)
 
 
-def features(table: pa.Table) -> pa.Table:
-    """The output rows of good input rows, in :data:`schemas.SDSS_SCHEMA`."""
+def features(table: pa.Table, stored: tuple[str, ...] = schemas.SDSS_FEATURES) -> pa.Table:
+    """The output rows of good input rows, in :func:`schemas.sdss_schema` of ``stored``."""
 
     def column(name: str) -> npt.NDArray[np.float64]:
         values: npt.NDArray[np.float64] = (
@@ -182,7 +184,7 @@ def features(table: pa.Table) -> pa.Table:
         return values
 
     values: dict[str, Any] = {}
-    for name in schemas.SDSS_FEATURES:
+    for name in stored:
         if "_" in name and name.split("_")[0] in _BANDS and name.split("_")[1] in _BANDS:
             first, second = name.split("_")
             values[name] = (column(first) - column(second)).astype(np.float32)
@@ -193,9 +195,8 @@ def features(table: pa.Table) -> pa.Table:
     values["redshift"] = column("redshift")
     values["objid"] = table.column("objid").to_numpy().astype(np.uint64)
     values["specobjid"] = table.column("specobjid").to_numpy().astype(np.uint64)
-    return pa.Table.from_pydict(
-        {name: values[name] for name in schemas.SDSS_SCHEMA.names}, schema=schemas.SDSS_SCHEMA
-    )
+    schema = schemas.sdss_schema(stored)
+    return pa.Table.from_pydict({name: values[name] for name in schema.names}, schema=schema)
 
 
 def segment_path(work: str, piece: int, split: str) -> Path:
@@ -274,7 +275,12 @@ def _write_keys(table: pa.Table, codes: npt.NDArray[np.int16], path: Path) -> No
     _write_ipc(keys, path)
 
 
-def scan_piece(piece: Piece, fractions: dict[str, float], work: str) -> Result:
+def scan_piece(
+    piece: Piece,
+    fractions: dict[str, float],
+    work: str,
+    stored: tuple[str, ...] = schemas.SDSS_FEATURES,
+) -> Result:
     """Scan task, the one read of a raw piece (unless it holds duplicates of other pieces'
     rows): its bad rows set aside with their reason; its good rows, as features, into one
     Arrow IPC segment per split (which its write task reads, memory-mapped, instead of the
@@ -286,7 +292,7 @@ def scan_piece(piece: Piece, fractions: dict[str, float], work: str) -> Result:
     table = read_piece(piece)
     codes = quarantine_codes(table)
     _write_keys(table, codes, keys_path(work, piece.number))
-    result = _write_scan(piece.number, table, codes, fractions, work)
+    result = _write_scan(piece.number, table, codes, fractions, work, stored)
     result["key"] = piece.key
     result["keys"] = str(keys_path(work, piece.number))
     record_result(done, result)
@@ -381,7 +387,11 @@ def _duplicate_rows(work: str, piece: int, buckets: Sequence[int]) -> npt.NDArra
 
 
 def rescan_piece(
-    piece: Piece, fractions: dict[str, float], work: str, buckets: tuple[int, ...]
+    piece: Piece,
+    fractions: dict[str, float],
+    work: str,
+    buckets: tuple[int, ...],
+    stored: tuple[str, ...] = schemas.SDSS_FEATURES,
 ) -> Result:
     """Rescan task, a piece holding duplicates of lower pieces' rows: the scan again into
     the work subfolder :data:`RESCAN_FOLDER`, those rows quarantined as duplicates too."""
@@ -396,7 +406,7 @@ def rescan_piece(
     # Only good rows' keys went into the buckets.
     assert not codes[rows].any(), f"piece {piece.number}: a quarantined row marked again"
     codes[rows] = _REASON_CODE[DUPLICATE]
-    result = _write_scan(piece.number, table, codes, fractions, folder)
+    result = _write_scan(piece.number, table, codes, fractions, folder, stored)
     result["folder"] = RESCAN_FOLDER
     record_result(done, result)
     return result
@@ -408,6 +418,7 @@ def _write_scan(
     codes: npt.NDArray[np.int16],
     fractions: dict[str, float],
     work: str,
+    stored: tuple[str, ...],
 ) -> Result:
     """A piece's quarantined rows (``codes`` not 0) and its good rows' segments into ``work``;
     the counts (the caller records them beside the first split's segment)."""
@@ -426,7 +437,7 @@ def _write_scan(
         result["quarantine"] = {"path": relpath, **written}
     good = table.filter(pa.array(~bad))
     split_of = split_codes(good, fractions)
-    rows = features(good)
+    rows = features(good, stored)
     result["split_rows"] = {}
     # The first split's segment last: its result beside it says the piece is done.
     for code, split in reversed(list(enumerate(splits.SPLITS))):
@@ -436,10 +447,10 @@ def _write_scan(
     return result
 
 
-def feature_sums(table: pa.Table) -> Result:
-    matrix = np.stack(
-        [table.column(n).to_numpy().astype(np.float64) for n in schemas.SDSS_FEATURES], axis=1
-    )
+def feature_sums(table: pa.Table, columns: tuple[str, ...] = schemas.SDSS_FEATURES) -> Result:
+    """Count, sums and sums of squares of ``columns`` (the features trained on), for the
+    normalisation."""
+    matrix = np.stack([table.column(n).to_numpy().astype(np.float64) for n in columns], axis=1)
     return {
         "count": int(matrix.shape[0]),
         "sum": matrix.sum(axis=0).tolist(),
@@ -447,7 +458,13 @@ def feature_sums(table: pa.Table) -> Result:
     }
 
 
-def write_piece(number: int, folder: str, rows_per_group: int, work: str) -> Result:
+def write_piece(
+    number: int,
+    folder: str,
+    rows_per_group: int,
+    work: str,
+    feature_columns: tuple[str, ...] = schemas.SDSS_FEATURES,
+) -> Result:
     """Write task, one piece: its rows of each split, from its segments in ``folder`` (the
     scan's or the rescan's), into ``<split>/part-NNNNN.parquet`` in the job's ``out/`` folder,
     in row groups of ``rows_per_group`` rows (the last shorter); the training rows' feature sums.
@@ -463,7 +480,7 @@ def write_piece(number: int, folder: str, rows_per_group: int, work: str) -> Res
         source = pa.ipc.open_file(pa.memory_map(str(segment_path(folder, number, split))))
         rows = source.read_all().combine_chunks()
         if split == "train":
-            result["sums"] = feature_sums(rows)
+            result["sums"] = feature_sums(rows, feature_columns)
         if rows.num_rows == 0:
             continue
         relpath = output_path(split, number)
@@ -509,6 +526,10 @@ class SdssJob:
     rank_multiple: int
     target_rows_per_group: int
     earlier: Earlier | None = None
+    stored: tuple[str, ...] = schemas.SDSS_FEATURES
+    """The features written: Petrosian ones only when every raw file has their columns."""
+    feature_columns: tuple[str, ...] = schemas.SDSS_FEATURES
+    """What training takes: ``stored``, and redshift when asked for."""
     kind: str = "processed"
     passes: tuple[str, ...] = ("scan", "duplicates", "rescan", "write")
 
@@ -552,7 +573,7 @@ class SdssJob:
                 TaskSpec(
                     key=f"scan-{p.number:05d}",
                     fn=scan_piece,
-                    args=(p, self.fractions, str(work)),
+                    args=(p, self.fractions, str(work), self.stored),
                     rows=p.rows,
                 )
                 for p in self.pieces
@@ -644,7 +665,7 @@ class SdssJob:
                 TaskSpec(
                     key=f"rescan-{piece.number:05d}",
                     fn=rescan_piece,
-                    args=(piece, self.fractions, str(work), buckets),
+                    args=(piece, self.fractions, str(work), buckets, self.stored),
                     rows=piece.rows,
                 )
             )
@@ -675,6 +696,7 @@ class SdssJob:
                     str(work / str(r.get("folder", ""))) if r.get("folder") else str(work),
                     rows_per_group,
                     str(work),
+                    self.feature_columns,
                 ),
                 rows=sum(int(n) for n in r["split_rows"].values()),
             )
@@ -804,9 +826,9 @@ class SdssJob:
         return ProcessedLayout(
             kind="tabular",
             format="parquet",
-            arrow_schema=schemas.SDSS_SCHEMA.to_string(),
-            columns=tuple(schemas.SDSS_SCHEMA.names),
-            feature_columns=schemas.SDSS_FEATURES,
+            arrow_schema=schemas.sdss_schema(self.stored).to_string(),
+            columns=tuple(schemas.sdss_schema(self.stored).names),
+            feature_columns=self.feature_columns,
             label_column="label",
             num_classes=len(schemas.SDSS_CLASSES),
             class_names=schemas.SDSS_CLASSES,
@@ -878,11 +900,13 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
     """Plan the processing of a raw "sdss" version (reads its manifest and Parquet footers, and
     what the newest earlier processed version records of its pieces)."""
     pieces: list[Piece] = []
+    columns: list[set[str]] = []
     for entry in sorted(raw.files, key=lambda e: e.path):
         if not entry.path.endswith(".parquet"):
             continue
         path = catalog.file_url(raw, entry)
         metadata = parquet_file(path).metadata
+        columns.append(set(metadata.schema.to_arrow_schema().names))
         for group in range(metadata.num_row_groups):
             pieces.append(
                 Piece(
@@ -914,6 +938,7 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
             "groups cut per raw piece (each piece's last one shorter), and every rank takes "
             "the same number of steps (docs/preprocessing.md)",
         )
+    stored, feature_columns = _features(columns, options.redshift_feature)
     name = processed_name(raw.name)
     parents = (raw.ref,)
     # What shapes the bytes: the row groups' target size and the least number of them, the
@@ -925,6 +950,9 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
         "split_fractions": fractions,
         "writer_version": WRITER_VERSION,
     }
+    if feature_columns != schemas.SDSS_FEATURES:
+        # Only when not the seed's set, so that versions made before the choice keep their ids.
+        parameters["feature_columns"] = list(feature_columns)
     return SdssJob(
         raw=raw,
         name=name,
@@ -942,4 +970,17 @@ def plan_sdss_job(catalog: Catalog, raw: Manifest, options: JobOptions) -> SdssJ
         rank_multiple=config.rank_multiple,
         target_rows_per_group=config.target_rows_per_group,
         earlier=_earlier(catalog, name, parameters),
+        stored=stored,
+        feature_columns=feature_columns,
     )
+
+
+def _features(
+    columns: Sequence[set[str]], redshift: bool
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(features written, features trained on) for raw files of ``columns``: the Petrosian
+    ones only when every file has them (the DR14 sample has none); redshift trained on only
+    when asked for, since it nearly decides the class by itself."""
+    petrosian = all(set(schemas.SDSS_PETROSIAN) <= names for names in columns)
+    stored = schemas.SDSS_FEATURES if petrosian else schemas.SDSS_PHOTOMETRY
+    return stored, (*stored, "redshift") if redshift else stored

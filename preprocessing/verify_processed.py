@@ -166,7 +166,7 @@ def recompute_normalization(
 
         columns = list(layout.feature_columns or ())
         for path in train_files:
-            sums.append(feature_sums(pq.read_table(path, columns=columns)))
+            sums.append(feature_sums(pq.read_table(path, columns=columns), tuple(columns)))
     if not sums:
         return None
     return combine_sums(sums)

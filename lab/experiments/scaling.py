@@ -688,7 +688,22 @@ Pascal GPUs (slower per step than V100/A100, so more compute to hide the allredu
 4 GPUs per server sharing one 25 Gbit/s link, with NCCL and with backprop overlapping the
 allreduce. The model here assumes one link per GPU, no overlap and this machine's latency.
 The seed's ResNet-50 8 → 256 GPUs on SLURM was not run (no GPUs here): its efficiencies are
-the 8-256 columns above, modelled.
+the 8-256 columns above, modelled. The seed (004) is a proposal and reports no measurement; the
+one figure it gives is an expectation, about two hours to train ResNet-50 on ImageNet on 32
+GPUs. The 90 % at 512 GPUs is Horovod's own published figure, quoted.
+
+## What is measured, quoted and modelled
+
+- **Measured** on this machine: ResNet-50's gradient bytes and CPU step time; every allreduce
+  time in the table of the fit (median of its repeats); the wall and CPU seconds and load.
+- **Quoted**: the GPU images/s (NVIDIA) and Horovod's 90 % at 512 GPUs.
+- **Modelled**: every efficiency and images/s at 8-512 GPUs. The bandwidth-only figures (in
+  brackets) rest on eta and the published step times, both stable from run to run. The
+  fitted-latency figures rest on lam, fitted from the smallest tensors on 2 shared CPU cores:
+  at 512 GPUs the ring's 2(N-1) = 1,022 steps multiply it, so a fraction of a millisecond
+  decides the efficiency, and lam is not measured stably here (it moved between runs of this
+  experiment: see results.json of each run). Read the fitted-latency column as a lower bound
+  under this machine's latency, not a measurement of a GPU cluster.
 
 ## Run
 

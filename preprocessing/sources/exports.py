@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import math
 import os
 import re
@@ -46,6 +47,7 @@ from data_catalog.layout import ExportsLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.fingerprint import stage_code
 from preprocessing.shard_files import HashingSink, crash_point, record_result, recorded_result
+from preprocessing.sources import derived_ids
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.fetch import sha256_file
 from preprocessing.sources.inputs import InputFile, list_inputs
@@ -378,10 +380,17 @@ def _typed_batch(
 
 def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     names = _csv_header(stream, where)
-    mapping, kinds = match_columns(names, where)
-    canonical = {in_file: name for name, in_file in mapping.items()}
-    columns = [canonical[name] for name in names]
-    target = output_schema(kinds)
+    variant = derived_ids.variant_of(names)
+    if variant is None:
+        mapping, kinds = match_columns(names, where)
+        canonical = {in_file: name for name, in_file in mapping.items()}
+        columns = [canonical[name] for name in names]
+        target = read = output_schema(kinds)
+    else:
+        # An export without usable ids (the DR14 sample): read as it is, ids derived per batch.
+        kinds = variant.read_kinds
+        columns = list(kinds)
+        read, target = output_schema(kinds), variant.schema
 
     def batches() -> Iterator[pa.RecordBatch]:
         first_row = 1
@@ -405,7 +414,10 @@ def _csv_batches(stream: _HashingReader, where: str) -> tuple[pa.Schema, Iterato
                 ),
             )
             for batch in reader:
-                yield _typed_batch(batch, kinds, target, where, first_row)
+                typed = _typed_batch(batch, kinds, read, where, first_row)
+                if variant is not None:
+                    typed = derived_ids.derive(typed, target, where, first_row)
+                yield typed
                 first_row += batch.num_rows
         except pa.ArrowInvalid as exc:
             if "Empty CSV file" in str(exc):
@@ -576,7 +588,18 @@ def _write_parquet(
             "row_groups": groups.row_groups,
         },
         "synthetic_rows": groups.synthetic_rows,
+        **_schema_notes(schema),
     }
+
+
+def _schema_notes(schema: pa.Schema) -> dict[str, Any]:
+    """For a file whose columns are not SCHEMA's (ids derived): its columns and how each
+    derived one was made, for the raw version's sources; {} for a usual export."""
+    derived = derived_ids.derived_of(schema)
+    if not derived:
+        return {}
+    columns = {f.name: next(k for k, t in _ARROW_TYPES.items() if t == f.type) for f in schema}
+    return {"columns": columns, "derived": derived}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -715,6 +738,7 @@ class Converted:
             },
             "synthetic_rows": self.synthetic_rows,
             "reused": True,
+            **{k: self.source[k] for k in ("columns", "derived") if k in self.source},
         }
 
 
@@ -846,7 +870,7 @@ class ExportsJob:
             sources=_sources(self.inputs, results),
             parameters=PARAMETERS,
             **ExportsLayout(
-                columns=dict(SCHEMA),
+                columns=_columns(self.source, results),
                 optional=dict(OPTIONAL),
                 rows=total,
                 num_files=len(results),
@@ -862,6 +886,19 @@ class ExportsJob:
 
 
 PARAMETERS = {"format": "casjobs-export"}
+
+
+def _columns(source: str, results: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The columns every converted file has: SCHEMA's, or those of exports whose ids were
+    derived; one version holds files of one schema."""
+    found = {json.dumps(r.get("columns", SCHEMA), sort_keys=True) for r in results}
+    if len(found) > 1:
+        raise SourceError(
+            f"{source}: exports whose ids are derived (no objid, spreadsheet-mangled specobjid) "
+            "and exports with SDSS's own ids cannot share one raw version; ingest them apart"
+        )
+    columns: dict[str, str] = results[0].get("columns", dict(SCHEMA)) if results else dict(SCHEMA)
+    return dict(columns)
 
 
 def _file_name(number: int, item: InputFile) -> str:
@@ -887,6 +924,10 @@ def _sources(
         marked = int(result["synthetic_rows"])
         if marked:
             entry["provenance"] = "synthetic" if marked == entry["rows"] else "mixed"
+        # An export whose ids were rebuilt (derived_ids.py) says so, and which columns it has.
+        for key in ("columns", "derived"):
+            if key in result:
+                entry[key] = result[key]
         sources.append(entry)
     return sources
 
