@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from data_catalog import Catalog, Manifest, derived_version, model_name, processed_name
 from data_catalog.errors import ShardflowError
@@ -181,27 +181,51 @@ def train(
 
 
 RUN_LOCKS = ".locks"
-"""Under the runs folder: ``<run folder name>.lock``, flock held by the live run of it."""
+"""Under the runs folder: ``<run folder name>.lock``, flock held by the live run of it; the
+file (and the folder, when empty) goes when the run ends, so that ``runs/`` holds run folders
+only."""
 
 
 @contextlib.contextmanager
 def _one_run_at_a_time(runs_dir: Path, run_dir: Path, progress: Progress) -> Iterator[None]:
     """Hold the run folder's lock for the block; wait (saying so) while another run holds it.
     The lock file lives beside the run folders, never in one: a run clears its folder."""
+    locks = runs_dir / RUN_LOCKS
+    path = locks / f"{run_dir.name}.lock"
+    waiting = f"waiting for another run training in {run_dir} to finish"
+    lock = _locked(path, lambda: progress(waiting))
+    try:
+        yield
+    finally:
+        # Removed while still held: a run waiting on this file finds, once it has the lock,
+        # that the name now leads elsewhere (or nowhere) and takes the lock again by name.
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            locks.rmdir()  # only when empty: another run's lock keeps it
+        lock.close()
+
+
+def _locked(path: Path, on_wait: Callable[[], None]) -> IO[str]:
+    """``path`` opened and flock-ed, its name still leading to the locked file."""
     import fcntl
 
-    locks = runs_dir / RUN_LOCKS
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{run_dir.name}.lock", "a+") as lock:
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path, "a+")  # noqa: SIM115  # held past this function
+        except FileNotFoundError:
+            continue  # the folder went between the two calls: an ending run emptied it
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            progress(f"waiting for another run training in {run_dir} to finish")
+            on_wait()
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:
+                return lock
+        except FileNotFoundError:
+            pass
+        lock.close()
 
 
 def _train_in(
