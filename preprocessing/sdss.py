@@ -72,7 +72,7 @@ from preprocessing.shard_files import (
 from preprocessing.statistics import normalization_of
 
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 3
+WRITER_VERSION = 4  # 4: floats plain, ids delta-packed (shard_files.encodings)
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_TEST_FRACTION = 0.1
 
