@@ -149,6 +149,13 @@ def _column_sums(files: Sequence[Path]) -> list[list[float]]:
     return sums
 
 
+def _rss_per_worker(result: dict[str, Any]) -> list[int]:
+    """Each Dask worker's peak RSS, or the command's own when its tasks ran in it."""
+    resources = result.get("resources", {})
+    workers = [int(b) for b in resources.get("peak_rss_bytes", [])]
+    return workers or [int(resources["driver"]["peak_rss_bytes"])]
+
+
 def _rotated(sides: Sequence[str], number: int) -> list[str]:
     shift = number % len(sides)
     return [*sides[shift:], *sides[:shift]]
@@ -224,7 +231,7 @@ def bench_against(
                 runs.append(run)
                 results[side] = _last_json(stdout)
             ours = results[SHARDFLOW]
-            rss_per_worker = [int(b) for b in ours.get("resources", {}).get("peak_rss_bytes", [])]
+            rss_per_worker = _rss_per_worker(ours)
             agree &= _agree(stage, root, number, ours, results, peers)
             for side in (SHARDFLOW, *peers):
                 shutil.rmtree(root / f"{side}-{number}", ignore_errors=True)
