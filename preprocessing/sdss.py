@@ -332,7 +332,8 @@ def find_duplicates(
     keys_in_bucket = len(objid)
     # Only rows whose objid occurs more than once can repeat a key: one sort of one column
     # finds them (a four-column lexsort of every key cost 10 % of the whole preprocess).
-    by_objid = np.argsort(objid, kind="stable")
+    # Any sort will do (the lexsort below orders the candidates fully): not a stable one.
+    by_objid = np.argsort(objid)
     same = objid[by_objid][1:] == objid[by_objid][:-1]
     shared = np.zeros(keys_in_bucket, dtype=bool)
     shared[1:] |= same
