@@ -72,7 +72,7 @@ from preprocessing.shard_files import (
 from preprocessing.statistics import normalization_of
 
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 4  # 4: floats plain, ids delta-packed (shard_files.encodings)
+WRITER_VERSION = 4  # 4: floats byte-stream-split without dictionary, ids delta-packed
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_TEST_FRACTION = 0.1
 
@@ -438,14 +438,14 @@ def _write_scan(
 
 
 def feature_sums(table: pa.Table) -> Result:
-    matrix = np.stack(
-        [table.column(n).to_numpy().astype(np.float64) for n in schemas.SDSS_FEATURES], axis=1
-    )
-    return {
-        "count": int(matrix.shape[0]),
-        "sum": matrix.sum(axis=0).tolist(),
-        "sumsq": np.square(matrix).sum(axis=0).tolist(),
-    }
+    """The training rows' count, and each feature's sum and sum of squares in float64, column
+    by column (numpy's pairwise sums: no copy of the rows into one matrix)."""
+    sums, squares = [], []
+    for name in schemas.SDSS_FEATURES:
+        values = table.column(name).to_numpy().astype(np.float64)
+        sums.append(float(values.sum()))
+        squares.append(float(np.square(values).sum()))
+    return {"count": table.num_rows, "sum": sums, "sumsq": squares}
 
 
 def write_piece(number: int, folder: str, rows_per_group: int, work: str) -> Result:
