@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ class Run:
     seconds: float
     cpu_seconds: float
     peak_rss_bytes: int
-    """The process's, or its largest child's."""
+    """The side's largest process's."""
 
 
 def parse_peers(text: str) -> tuple[str, ...]:
@@ -156,6 +156,15 @@ def _rss_per_worker(result: dict[str, Any]) -> list[int]:
     return workers or [int(resources["driver"]["peak_rss_bytes"])]
 
 
+def _peak_rss(side: str, result: dict[str, Any]) -> int:
+    """The side's largest process's peak RSS, as it measured it (the ``wait4`` figure starts at
+    this process's own size: preprocessing.driver.peak_rss_bytes)."""
+    if side != SHARDFLOW:
+        return int(result["peak_rss_bytes"])
+    resources = result.get("resources", {})
+    return max([*_rss_per_worker(result), int(resources["driver"]["peak_rss_bytes"])])
+
+
 def _rotated(sides: Sequence[str], number: int) -> list[str]:
     shift = number % len(sides)
     return [*sides[shift:], *sides[:shift]]
@@ -228,8 +237,8 @@ def bench_against(
                     command += inputs
                     side_env = env
                 run, stdout = _run(side, number, command, side_env)
-                runs.append(run)
                 results[side] = _last_json(stdout)
+                runs.append(replace(run, peak_rss_bytes=_peak_rss(side, results[side])))
             ours = results[SHARDFLOW]
             rss_per_worker = _rss_per_worker(ours)
             agree &= _agree(stage, root, number, ours, results, peers)

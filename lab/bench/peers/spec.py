@@ -55,8 +55,18 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def peak_rss_bytes() -> int:
+    """This process's own peak RSS (VmHWM: ``ru_maxrss`` would start at the bench's size)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def report(result: dict[str, Any], out: Path) -> None:
     """The one JSON line a peer prints: its counts and the digests of what it wrote."""
     result["files"] = {p.name: sha256(p) for p in sorted(out.glob("*.parquet"))}
+    result["peak_rss_bytes"] = peak_rss_bytes()
     json.dump(result, sys.stdout)
     print()
