@@ -217,6 +217,16 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     default_help=f"one per usable core, here {usable_cores()}",
                 ),
                 Flag(
+                    field="in_process_bytes",
+                    flag="--in-process-below",
+                    type=whole_number,
+                    metavar="BYTES",
+                    help="a job whose first pass reads at most this many bytes runs in this "
+                    "process instead of starting a LocalCluster (the same files); 0: always "
+                    "start one",
+                    default_help="67108864 (64 MiB)",
+                ),
+                Flag(
                     field="memory_limit",
                     flag="--memory-limit",
                     metavar="SIZE",

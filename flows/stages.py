@@ -35,10 +35,11 @@ OnEpoch = Callable[[dict[str, Any]], None]
 
 def dask_runners(cluster: ClusterConfig, progress: Progress) -> RunnerFactory:
     """The CLI's runner factory: a Dask cluster as ``cluster`` describes (a LocalCluster, a
-    scheduler's or SLURM jobs), started only once a job has work to do."""
-    from preprocessing.cluster import dask_runner
+    scheduler's or SLURM jobs), started only once a job has work to do, and no LocalCluster
+    for a job small enough to finish sooner in this process (decided from its plan)."""
+    from preprocessing.cluster import planned_runner
 
-    return lambda: dask_runner(cluster, progress)
+    return lambda: planned_runner(cluster, progress)
 
 
 class _Tally:

@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from data_catalog.errors import ShardflowError
 from preprocessing.config import ClusterConfig
-from preprocessing.driver import Progress, Runner, TaskSpec, plain_submit
+from preprocessing.driver import (
+    Progress,
+    Result,
+    Runner,
+    SerialRunner,
+    TaskSpec,
+    plain_submit,
+)
 
 
 @contextmanager
@@ -405,3 +412,53 @@ def dask_runner(
     """A :class:`Runner` on the cluster ``config`` describes, for as long as the block runs."""
     with dask_client(config, progress, client_class=client_class, env=env) as client:
         yield Runner(client, submit=submit, progress=progress)
+
+
+class PlannedRunner:
+    """Starts nothing until the job's first pass is planned: a first pass that reads at most
+    ``config.in_process_bytes`` (a LocalCluster only) runs the whole job in this process, one
+    task after the other (the same files: the tasks are the same functions); a larger one
+    starts the cluster ``config`` describes, which then runs every pass."""
+
+    def __init__(self, config: ClusterConfig, progress: Progress, stack: ExitStack) -> None:
+        self._config = config
+        self._progress = progress
+        self._stack = stack
+        self._runner: Runner | SerialRunner | None = None
+
+    def _choose(self, tasks: Sequence[TaskSpec]) -> Runner | SerialRunner:
+        planned = sum(spec.bytes for spec in tasks)
+        local = self._config.scheduler is None and self._config.cluster == "local"
+        if local and planned <= self._config.in_process_bytes:
+            self._progress(
+                f"{len(tasks)} tasks reading {planned / 2**20:,.0f} MiB: in this process, "
+                "no cluster started"
+            )
+            return SerialRunner()
+        return self._stack.enter_context(dask_runner(self._config, self._progress))
+
+    def run(
+        self, tasks: Sequence[TaskSpec], *, run_key: str, on_done: Callable[[int, Result], None]
+    ) -> list[Result]:
+        if self._runner is None:
+            if not tasks:
+                return []
+            self._runner = self._choose(tasks)
+        return self._runner.run(tasks, run_key=run_key, on_done=on_done)
+
+    def usage(self) -> dict[str, Any]:
+        """The workers' peak RSS and CPU seconds; none when the tasks ran in this process
+        (the driver's figures hold them)."""
+        if isinstance(self._runner, Runner):
+            return self._runner.usage()
+        return {"workers": 0, "peak_rss_bytes": [], "cpu_seconds": 0.0}
+
+
+@contextmanager
+def planned_runner(
+    config: ClusterConfig, progress: Progress = lambda _msg: None
+) -> Iterator[PlannedRunner]:
+    """A :class:`PlannedRunner` for as long as the block runs (its cluster, if it started one,
+    stopped after)."""
+    with ExitStack() as stack:
+        yield PlannedRunner(config, progress, stack)

@@ -40,6 +40,12 @@ _SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 _INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 
 
+# 200,000 SDSS rows are 30 MB of raw Parquet (0.6 CPU-s of preprocessing) or 75 MB of CSV:
+# below this, a LocalCluster's start and stop (about 0.8 s, more on a loaded machine) and its
+# workers' imports cost more than splitting the work saves.
+IN_PROCESS_BYTES = 64 * 2**20
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """Where the Dask tasks of a stage run."""
@@ -66,12 +72,37 @@ class ClusterConfig:
     the address this host's name resolves to and the workers the one that reaches it."""
     slurm_start_timeout: float = 300.0
     """Seconds to wait for the first worker job to start and join."""
+    in_process_bytes: int = IN_PROCESS_BYTES
+    """A job whose first pass plans to read at most this many bytes runs its tasks in this
+    process, one after the other, instead of starting a LocalCluster (whose start, workers'
+    imports and stop cost more than the work: docs/preprocessing.md, "Speed"); the same
+    files either way. 0: always start one. Only for a LocalCluster (not --scheduler or
+    slurm)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(
                 "workers", f"must be a whole number of at least 1, got {self.workers}"
             )
+        if self.memory_limit != DEFAULT_MEMORY_LIMIT:
+            # Only a given limit is parsed: Dask's parser imports Dask (0.12 s), which a job
+            # small enough to run in this process never needs.
+            self._check_memory_limit()
+        if self.scheduler is not None:
+            match = _SCHEDULER_ADDRESS.fullmatch(self.scheduler)
+            if match is None or not 0 < int(match.group(3)) < 65536:
+                raise ConfigError(
+                    "scheduler",
+                    f"{self.scheduler!r} is not a scheduler address; give one like "
+                    "tcp://10.0.0.5:8786",
+                )
+        if not isinstance(self.in_process_bytes, int) or self.in_process_bytes < 0:
+            raise ConfigError(
+                "in_process_bytes", f"must be a whole number of bytes, got {self.in_process_bytes}"
+            )
+        self._check_slurm()
+
+    def _check_memory_limit(self) -> None:
         from dask.utils import parse_bytes
 
         try:
@@ -84,15 +115,6 @@ class ClusterConfig:
                 f"{self.memory_limit!r}: give a size of at least 512MiB per worker, such as "
                 "2GiB or 1500MB",
             )
-        if self.scheduler is not None:
-            match = _SCHEDULER_ADDRESS.fullmatch(self.scheduler)
-            if match is None or not 0 < int(match.group(3)) < 65536:
-                raise ConfigError(
-                    "scheduler",
-                    f"{self.scheduler!r} is not a scheduler address; give one like "
-                    "tcp://10.0.0.5:8786",
-                )
-        self._check_slurm()
 
     def _check_slurm(self) -> None:
         if self.cluster not in CLUSTERS:

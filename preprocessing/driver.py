@@ -165,14 +165,25 @@ def _duration(seconds: float) -> str:
 OnProgress = Callable[[PassProgress], None]
 
 
-def _process_usage() -> dict[str, float]:
+def peak_rss_bytes() -> int:
+    """This process's peak RSS: the kernel's VmHWM of its own memory. Not ``ru_maxrss``, which
+    starts at the RSS of the parent that spawned it (Linux keeps the high-water mark of the
+    memory a process had before its exec, a vfork'd child's being the parent's): a Dask worker
+    or a benchmarked command would report its parent's size at least."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
-    return {
-        # ru_maxrss is in KiB on Linux.
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "cpu_seconds": time.process_time(),
-    }
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _process_usage() -> dict[str, float]:
+    return {"peak_rss_bytes": peak_rss_bytes(), "cpu_seconds": time.process_time()}
 
 
 class CodeVersionError(ShardflowError):

@@ -72,7 +72,7 @@ from preprocessing.shard_files import (
 from preprocessing.statistics import normalization_of
 
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 3
+WRITER_VERSION = 4  # 4: floats byte-stream-split without dictionary, ids delta-packed
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_TEST_FRACTION = 0.1
 
@@ -338,7 +338,8 @@ def find_duplicates(
     keys_in_bucket = len(objid)
     # Only rows whose objid occurs more than once can repeat a key: one sort of one column
     # finds them (a four-column lexsort of every key cost 10 % of the whole preprocess).
-    by_objid = np.argsort(objid, kind="stable")
+    # Any sort will do (the lexsort below orders the candidates fully): not a stable one.
+    by_objid = np.argsort(objid)
     same = objid[by_objid][1:] == objid[by_objid][:-1]
     shared = np.zeros(keys_in_bucket, dtype=bool)
     shared[1:] |= same
@@ -448,14 +449,15 @@ def _write_scan(
 
 
 def feature_sums(table: pa.Table, columns: tuple[str, ...] = schemas.SDSS_FEATURES) -> Result:
-    """Count, sums and sums of squares of ``columns`` (the features trained on), for the
-    normalisation."""
-    matrix = np.stack([table.column(n).to_numpy().astype(np.float64) for n in columns], axis=1)
-    return {
-        "count": int(matrix.shape[0]),
-        "sum": matrix.sum(axis=0).tolist(),
-        "sumsq": np.square(matrix).sum(axis=0).tolist(),
-    }
+    """The training rows' count, and each of ``columns``' (the features trained on) sum and
+    sum of squares in float64, column by column (numpy's pairwise sums: no copy of the rows
+    into one matrix), for the normalisation."""
+    sums, squares = [], []
+    for name in columns:
+        values = table.column(name).to_numpy().astype(np.float64)
+        sums.append(float(values.sum()))
+        squares.append(float(np.square(values).sum()))
+    return {"count": table.num_rows, "sum": sums, "sumsq": squares}
 
 
 def write_piece(

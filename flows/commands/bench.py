@@ -30,8 +30,45 @@ def _side_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _against(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """``--against``: the stage's whole command against DuckDB's and Polars' scripts."""
+    from lab.bench.against import bench_against, parse_peers
+
+    if args.dataset != "sdss":
+        raise ConfigError("dataset", "--against runs the SDSS stages: use sdss")
+    quick = args.quick  # for tests: 20,000 rows in 2 files, one round
+    result = bench_against(
+        args.benchmark,
+        rows=args.rows or (20_000 if quick else 1_000_000),
+        files=args.files or (2 if quick else 8),
+        rounds=args.rounds or (1 if quick else 5),
+        peers=parse_peers(args.against),
+        progress=ctx.progress,
+    )
+    ours, load = result["shardflow"], result["load_average"]
+    lines = [
+        f"shardflow's speed ÷ {result['faster_peer']}'s (the faster peer), medians of "
+        f"{result['rounds']} alternated rounds: wall {result['peer_ratio_wall']:.2f}, CPU-s "
+        f"{result['peer_ratio_cpu']:.2f}; outputs agree: {result['outputs_agree']}",
+    ]
+    for side, medians in [("shardflow", ours), *result["peers"].items()]:
+        lines.append(
+            f"{side}: {medians['seconds']:.2f} s, {medians['cpu_seconds']:.2f} CPU-s, peak RSS "
+            f"{medians['peak_rss_bytes'] / 2**20:.0f} MiB (largest process)"
+        )
+    lines.append(
+        "shardflow peak RSS per worker: "
+        + ", ".join(f"{b / 2**20:.0f} MiB" for b in result["peak_rss_bytes_per_worker"])
+        + f"; load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after"
+    )
+    return result, lines
+
+
 def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     from lab.bench.preprocessing import bench_preprocess
+
+    if args.against:
+        return _against(ctx, args)
 
     result = bench_preprocess(
         ctx.settings.catalog(),
@@ -47,6 +84,9 @@ def _preprocess(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any],
 
 def _ingest(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     from lab.bench.preprocessing import bench_ingest
+
+    if args.against:
+        return _against(ctx, args)
 
     result = bench_ingest(
         args.dataset,
@@ -297,6 +337,13 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "each is compared (default: 3; prefect 2)",
     )
     bench.add_argument(
+        "--against",
+        metavar="PEERS",
+        help="ingest, preprocess sdss: the whole command against the same work in DuckDB and "
+        "Polars (comma-separated: duckdb,polars; the optional `bench` extra), medians of "
+        "--rounds (default 5) alternated rounds",
+    )
+    bench.add_argument(
         "--source", help="prefect fashion-mnist: the IDX files (default: the dataset's own)"
     )
     bench.add_argument(
@@ -364,5 +411,5 @@ def _storage_flags(bench: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help="for tests: storage, one short round and no search; prefect, 20 sdss exports of "
-        "100 rows, one round of each side",
+        "100 rows, one round of each side; --against, 20,000 rows in 2 files, one round",
     )

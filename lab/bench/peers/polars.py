@@ -1,0 +1,115 @@
+"""The SDSS stages in Polars (lazy), as a user would write them: see :mod:`lab.bench.peers`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from lab.bench.peers import spec
+
+
+def _mix(z: pl.Expr) -> pl.Expr:
+    # UInt64 arithmetic in Polars wraps, as SplitMix64 needs.
+    z = z + spec.GOLDEN
+    z = (z ^ (z // 2**30)) * spec.MIX1
+    z = (z ^ (z // 2**27)) * spec.MIX2
+    return z ^ (z // 2**31)
+
+
+def _reason() -> pl.Expr:
+    """The first failed check of a row, else null."""
+    failed = []
+    for name, kind, reason in spec.checks():
+        column = pl.col(name)
+        if kind == "nan":
+            bad = column.is_nan()
+        elif kind == "infinite":
+            bad = ~column.is_finite()
+        elif kind == "sentinel":
+            low, high = spec.value_range(name)
+            bad = (column <= low) | (column >= high)
+        else:
+            bad = ~column.is_in(spec.CLASSES)
+        failed.append(pl.when(bad).then(pl.lit(reason)))
+    return pl.coalesce(failed)
+
+
+def preprocess(out: Path, files: list[str]) -> dict[str, object]:
+    frames = [
+        pl.scan_parquet(f).with_row_index("row").with_columns(file=pl.lit(n, pl.UInt32))
+        for n, f in enumerate(files)
+    ]
+    rows = pl.concat(frames).with_columns(
+        piece=pl.col("file") * 1_000_000 + pl.col("row") // spec.PIECE_ROWS, reason=_reason()
+    )
+    key = ["objid", "specobjid"]
+    first_in_piece = pl.int_range(pl.len()).over([*key, "piece"]) == 0
+    rows = rows.with_columns(first_in_piece=first_in_piece)
+    in_keys = (pl.col("first_in_piece") & pl.col("reason").is_null()).cast(pl.UInt32)
+    before = (in_keys.cum_sum() - in_keys).over(key)
+    duplicate = pl.col("reason").is_null() & (~pl.col("first_in_piece") | (before > 0))
+    rows = rows.with_columns(
+        reason=pl.when(duplicate).then(pl.lit(spec.DUPLICATE)).otherwise(pl.col("reason"))
+    )
+    raw = [c for c in pl.read_parquet_schema(files[0])]
+    table = rows.collect()
+    quarantine = table.filter(pl.col("reason").is_not_null()).select(*raw, "reason")
+    quarantine.write_parquet(out / "quarantine.parquet")
+    good = table.filter(pl.col("reason").is_null())
+    split_hash = _mix(_mix(pl.col("objid")) ^ pl.col("specobjid"))
+    split = (
+        pl.when(split_hash < spec.TRAIN_BELOW)
+        .then(0)
+        .when(split_hash < spec.VALIDATION_BELOW)
+        .then(1)
+        .otherwise(2)
+    )
+    colours = {c: (pl.col(c[0]) - pl.col(c[2])).cast(pl.Float32) for c in spec.COLOURS}
+    features = good.select(
+        *(colours.get(f, pl.col(f).cast(pl.Float32)).alias(f) for f in spec.FEATURES),
+        label=pl.col("class").replace_strict(spec.CLASSES, range(3), return_dtype=pl.Int64),
+        redshift=pl.col("redshift"),
+        objid=pl.col("objid"),
+        specobjid=pl.col("specobjid"),
+        split=split,
+    )
+    counts = {}
+    for code, name in enumerate(spec.SPLITS):
+        chosen = features.filter(pl.col("split") == code).drop("split")
+        chosen.write_parquet(out / f"{name}.parquet")
+        counts[name] = chosen.height
+        if name == "train":
+            as_float = chosen.select(pl.col(spec.FEATURES).cast(pl.Float64))
+            mean = as_float.mean().row(0)
+            std = as_float.std(ddof=0).row(0)
+    reasons = quarantine.group_by("reason").len().rows()
+    return {"splits": counts, "quarantine": dict(reasons), "mean": mean, "std": std}
+
+
+def ingest(out: Path, files: list[str]) -> dict[str, object]:
+    """Each CSV export into Parquet, ids exact uint64, empty float cells NaN, row groups of
+    100,000 rows."""
+    rows = []
+    for path in files:
+        header = pl.read_csv(path, n_rows=0).columns
+        types = {
+            name: pl.UInt64
+            if name in ("objid", "specobjid")
+            else pl.String
+            if name in ("class", "provenance")
+            else pl.Float64
+            for name in header
+        }
+        frame = pl.read_csv(path, schema_overrides=types, null_values=[""])
+        frame = frame.with_columns(pl.col(pl.Float64).fill_null(float("nan")))
+        frame.write_parquet(out / f"{Path(path).stem}.parquet", row_group_size=spec.ROW_GROUP_ROWS)
+        rows.append(frame.height)
+    return {"rows": rows}
+
+
+if __name__ == "__main__":
+    stage, target, inputs = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    target.mkdir(parents=True, exist_ok=True)
+    spec.report((preprocess if stage == "preprocess" else ingest)(target, inputs), target)

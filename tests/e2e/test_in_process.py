@@ -1,0 +1,54 @@
+"""A job small enough to finish sooner in one process starts no LocalCluster (decided from its
+plan) and writes the same version, byte for byte, as the same job on a cluster."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from data_catalog import Catalog
+from tests.conftest import Result
+
+pytestmark = pytest.mark.e2e
+
+
+def _digests(home: Path, name: str) -> dict[str, str]:
+    catalog = Catalog(home / "catalog")
+    manifest = catalog.get(name)
+    return {
+        entry.path: hashlib.sha256(catalog.file_path(manifest, entry).read_bytes()).hexdigest()
+        for entry in manifest.files
+    }
+
+
+def _ok(run: Result) -> Result:
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_a_small_job_runs_in_process_and_writes_what_a_cluster_writes(
+    shardflow: Callable[..., Result], tmp_path: Path
+) -> None:
+    exports = tmp_path / "exports"
+    _ok(shardflow("synth", "sdss", "--rows", "30000", "--files", "3", "--out", str(exports)))
+    homes = {"in_process": tmp_path / "small", "cluster": tmp_path / "cluster"}
+    flags = {"in_process": [], "cluster": ["--in-process-below", "0"]}
+    results = {}
+    for way, home in homes.items():
+        ingest = _ok(
+            shardflow("ingest", "sdss", "--source", str(exports), "--json", *flags[way], home=home)
+        )
+        processed = _ok(shardflow("preprocess", "sdss", "-v", "--json", *flags[way], home=home))
+        results[way] = (ingest, processed)
+    for stage, name in ((0, "sdss"), (1, "sdss-processed")):
+        small, cluster = (results[way][stage] for way in homes)
+        # The tasks ran in the command's process: no worker, and it said so.
+        assert small.json["resources"]["workers"] == 0
+        assert cluster.json["resources"]["workers"] == 2
+        assert small.json["version"] == cluster.json["version"]
+        assert _digests(homes["in_process"], name) == _digests(homes["cluster"], name)
+    assert "no cluster started" in results["in_process"][1].stderr
+    assert "no cluster started" not in results["cluster"][1].stderr
