@@ -154,9 +154,21 @@ def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
 
     task_runs = api(prefect_server, "/task_runs/filter")
     names = sorted(t["name"] for t in task_runs)
-    # One task run per pass of each job (ingest: fetch; preprocess: decode, write), however
-    # many Dask tasks each ran, and horovodrun.
-    assert names == ["decode", "fetch", "horovodrun", "write"]
+    # One task run per pass of each job (ingest: fetch; preprocess: verify, its raw files
+    # against the manifest, then write, straight from the IDX files), however many Dask tasks
+    # each ran; horovodrun; and the task run Prefect puts in the pipeline's flow run for each
+    # subflow.
+    assert [n for n in names if not n.startswith(("horovodrun-", "shardflow-"))] == [
+        "fetch",
+        "verify",
+        "write",
+    ], names
+    assert len([n for n in names if n.startswith("horovodrun-")]) == 1, names
+    assert [n for n in names if n.startswith("shardflow-")] == [
+        "shardflow-ingest-0",
+        "shardflow-preprocess-0",
+        "shardflow-train-0",
+    ]
     assert {t["state_type"] for t in task_runs} == {"COMPLETED"}
 
     artifacts = api(prefect_server, "/artifacts/filter")
@@ -423,7 +435,13 @@ def test_a_running_ingest_shows_its_progress(
     finished = api(
         prefect_server,
         "/artifacts/filter",
-        {"artifacts": {"key": {"any_": ["sdss-ingest-convert"]}}},
+        {
+            "artifacts": {
+                "key": {"any_": ["sdss-ingest-convert"]},
+                # This run's: the weekly pipeline deployment's run ingested sdss too.
+                "flow_run_id": {"any_": [part_way["flow_run_id"]]},
+            }
+        },
     )
     # The pass's table, once: its totals and its slowest tasks.
     assert len(finished) == 1
