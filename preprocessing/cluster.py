@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -425,6 +426,7 @@ class PlannedRunner:
         self._progress = progress
         self._stack = stack
         self._runner: Runner | SerialRunner | None = None
+        self._in_process_cpu = 0.0
 
     def _choose(self, tasks: Sequence[TaskSpec]) -> Runner | SerialRunner:
         planned = sum(spec.bytes for spec in tasks)
@@ -444,14 +446,21 @@ class PlannedRunner:
             if not tasks:
                 return []
             self._runner = self._choose(tasks)
-        return self._runner.run(tasks, run_key=run_key, on_done=on_done)
+        if isinstance(self._runner, Runner):
+            return self._runner.run(tasks, run_key=run_key, on_done=on_done)
+        started = time.process_time()
+        try:
+            return self._runner.run(tasks, run_key=run_key, on_done=on_done)
+        finally:
+            self._in_process_cpu += time.process_time() - started
 
     def usage(self) -> dict[str, Any]:
-        """The workers' peak RSS and CPU seconds; none when the tasks ran in this process
-        (the driver's figures hold them)."""
+        """The workers' peak RSS and CPU seconds; when the tasks ran in this process, no
+        workers and the CPU seconds this process spent running them (its peak RSS is the
+        driver's)."""
         if isinstance(self._runner, Runner):
             return self._runner.usage()
-        return {"workers": 0, "peak_rss_bytes": [], "cpu_seconds": 0.0}
+        return {"workers": 0, "peak_rss_bytes": [], "cpu_seconds": round(self._in_process_cpu, 3)}
 
 
 @contextmanager

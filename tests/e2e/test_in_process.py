@@ -48,6 +48,9 @@ def test_a_small_job_runs_in_process_and_writes_what_a_cluster_writes(
         # The tasks ran in the command's process: no worker, and it said so.
         assert small.json["resources"]["workers"] == 0
         assert cluster.json["resources"]["workers"] == 2
+        # Either way, the CPU the tasks took is counted.
+        assert small.json["resources"]["cpu_seconds"] > 0
+        assert cluster.json["resources"]["cpu_seconds"] > 0
         assert small.json["version"] == cluster.json["version"]
         assert _digests(homes["in_process"], name) == _digests(homes["cluster"], name)
     assert "no cluster started" in results["in_process"][1].stderr
