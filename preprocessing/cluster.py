@@ -141,12 +141,16 @@ def _quiet_when_lost() -> Iterator[None]:
     """On a scheduler of its own, a lost connection is the command's error, said in one line
     (:class:`preprocessing.driver.SchedulerLost`): the client's reconnect attempts, logged with
     their tracebacks as they happen, stay off the terminal (36 lines before)."""
-    client_log = logging.getLogger("distributed.client")
-    client_log.addFilter(_not_a_reconnect)
+    # distributed.batched logs its closed comm (CommClosedError, an OSError) with a traceback
+    # too, at INFO, when the scheduler goes while a message to it is under way.
+    logs = [logging.getLogger(name) for name in ("distributed.client", "distributed.batched")]
+    for log in logs:
+        log.addFilter(_not_a_reconnect)
     try:
         yield
     finally:
-        client_log.removeFilter(_not_a_reconnect)
+        for log in logs:
+            log.removeFilter(_not_a_reconnect)
 
 
 def _not_a_reconnect(record: logging.LogRecord) -> bool:
@@ -448,9 +452,12 @@ class PlannedRunner:
             self._runner = self._choose(tasks)
         if isinstance(self._runner, Runner):
             return self._runner.run(tasks, run_key=run_key, on_done=on_done)
+        from preprocessing.sources import task_progress
+
         started = time.process_time()
         try:
-            return self._runner.run(tasks, run_key=run_key, on_done=on_done)
+            with task_progress.to(self._progress):
+                return self._runner.run(tasks, run_key=run_key, on_done=on_done)
         finally:
             self._in_process_cpu += time.process_time() - started
 

@@ -107,6 +107,8 @@ def test_a_worker_killed_mid_ingest_changes_nothing(
 ) -> None:
     # The worker converting the job's 3rd file dies by SIGKILL right after writing it; the
     # nanny starts another and the scheduler reruns the lost task, which finds the file whole.
+    # (--in-process-below 0: a cluster even for these small files, which would otherwise be
+    # converted in the command's own process.)
     done = subprocess.run(
         [
             str(Path(sys.executable).parent / "shardflow"),
@@ -114,6 +116,8 @@ def test_a_worker_killed_mid_ingest_changes_nothing(
             "sdss",
             "--source",
             str(exports),
+            "--in-process-below",
+            "0",
         ],
         capture_output=True,
         text=True,
