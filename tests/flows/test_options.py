@@ -86,3 +86,21 @@ def test_a_launch_the_config_cannot_take_is_refused_by_its_flag(
     with pytest.raises(ConfigError) as raised:
         _train_configs(args)
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "cifar10", "--epochs=--"], "--epochs needs a value (got '--')"),
+        (["preprocess", "cifar10", "--validation-fraction=--"], "--validation-fraction needs"),
+    ],
+)
+def test_a_value_of_two_dashes_is_a_one_line_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CPython 3.11's argparse hands '--' over as an empty list, past the flag's type."""
+    from flows.cli import main
+
+    assert main(argv) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"shardflow: error: {message}"), line
