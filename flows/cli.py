@@ -154,6 +154,14 @@ def _run_command(argv: Sequence[str] | None) -> int:
 
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     _SHOW_TEARDOWN["debug"] = args.debug
+    # No option takes a list: CPython 3.11's argparse drops a value of exactly '--'
+    # ("--source=--") and hands over an empty list, past the option's type.
+    dropped = sorted(dest for dest, value in vars(args).items() if isinstance(value, list))
+    if dropped:
+        flag = flag_for(dropped[0])
+        flag = flag if flag.startswith("-") else "--" + flag.replace("_", "-")
+        print(f"shardflow: error: {flag} needs a value (got '--')", file=sys.stderr)
+        return 1
     try:
         ctx = Context(
             settings=Settings.from_env(),
