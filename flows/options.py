@@ -599,13 +599,6 @@ def build(
     _cls, flags = _config_flags()[group]
     values = {f.field: getattr(args, f.field) for f in flags if hasattr(args, f.field)}
     for flag in flags:
-        if isinstance(values.get(flag.field), list):
-            # CPython 3.11's argparse drops a value of exactly '--' ("--flag=--", "--flag --")
-            # and hands over an empty list without calling the flag's type.
-            from data_catalog.errors import ConfigError
-
-            raise ConfigError(flag.field, "needs a value (got '--')")
-    for flag in flags:
         if flag.environment_default is None or values.get(flag.field) is not None:
             continue
         values.pop(flag.field, None)

@@ -94,6 +94,7 @@ def test_a_launch_the_config_cannot_take_is_refused_by_its_flag(
         (["train", "cifar10", "--epochs=--"], "--epochs needs a value (got '--')"),
         (["preprocess", "cifar10", "--validation-fraction=--"], "--validation-fraction needs"),
         (["ingest", "sdss", "--source=--"], "--source needs a value (got '--')"),
+        (["bench", "storage", "fashion-mnist", "--grown-dir=--"], "--grown-dir needs a value"),
     ],
 )
 def test_a_value_of_two_dashes_is_a_one_line_error(
