@@ -6,6 +6,13 @@ is ``horovodrun ARGS...`` with three changes, all for things Horovod 0.28.1 offe
   for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``); horovodrun's own SIGTERM handler
   (``gloo_run.register_shutdown_event``) then has each rank's middleman stop its rank
   (``safe_shell_exec.terminate_executor_shell_and_children``: SIGTERM, SIGKILL after 5 s).
+  A SIGTERM its starter ignored or blocked is taken back first (both are inherited, and an
+  ignored one made the death signal a no-op while the ranks started). And because that chain
+  of signal, handler, thread event and inter-process event once left horovodrun and both ranks
+  running after its parent was SIGKILLed (twice, in full test runs under load, cause not
+  found), a thread watches the parent without signals: once it is gone and horovodrun has not
+  stopped its ranks within ``STOP_GRACE_SECONDS``, it SIGKILLs the ranks' process groups (each
+  middleman leads a session holding its shell and rank) and then itself.
 - **Its Gloo rendezvous server listens only where the ranks reach it.** horovodrun binds it to
   every interface (``util/network.py`` ``find_port`` binds ``('', port)``), even for
   ``-H localhost:N``. Here it binds the address horovodrun gives the ranks
@@ -21,13 +28,20 @@ What else listens during a run, and why it is left as it is: docs/training.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 USAGE = "usage: python -m training.horovodrun --parent PID HOROVODRUN_ARGS..."
+# horovodrun's own stop takes up to ~10 s: SIGTERM, 5 s, SIGKILL of each rank, then 5 s for
+# its shell (safe_shell_exec.GRACEFUL_TERMINATION_TIME_S twice).
+STOP_GRACE_SECONDS = 15.0
+WATCH_SECONDS = 1.0
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -40,6 +54,9 @@ def die_with_parent(parent_pid: int) -> None:
     """
     import ctypes
 
+    # A starter's ignored or blocked SIGTERM is inherited; neither may swallow the death signal.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     pr_set_pdeathsig = 1
     try:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
@@ -47,6 +64,47 @@ def die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def stop_ranks_when_parent_dies(parent_pid: int) -> threading.Thread:
+    """Watch, without signals, for the parent's death; then give horovodrun's own stop
+    ``STOP_GRACE_SECONDS`` and, if it is still running, SIGKILL every process group its
+    children lead (a middleman, its shell, its rank) and this process."""
+
+    def watch() -> None:
+        groups: set[int] = set()
+        while os.getppid() == parent_pid:
+            groups |= _child_groups()
+            time.sleep(WATCH_SECONDS)
+        # The death signal may have been lost: ask for horovodrun's own stop once more.
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            groups |= _child_groups()
+            time.sleep(WATCH_SECONDS)
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="stop-ranks-when-parent-dies", daemon=True)
+    thread.start()
+    return thread
+
+
+def _child_groups() -> set[int]:
+    """The process groups this process's children lead (safe_shell_exec's middlemen call
+    ``os.setsid``); a child still in this process's group is not one."""
+    import psutil
+
+    own = os.getpgid(0)
+    groups = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(ProcessLookupError, psutil.Error):
+            group = os.getpgid(child.pid)
+            if group == child.pid and group != own:
+                groups.add(group)
+    return groups
 
 
 def bind_rendezvous_to_driver_address() -> None:
@@ -84,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # First, before the slow imports: the parent may be killed while they run.
     die_with_parent(int(args[1]))
+    stop_ranks_when_parent_dies(int(args[1]))
     bind_rendezvous_to_driver_address()
     from training.credentials import withhold_from_command_lines
 
