@@ -73,6 +73,12 @@ def test_a_slowed_rank_is_flagged_in_the_metrics_and_the_report(
     # The preprocess's passes: its raw input verified, then its shards written.
     assert re.search(r"<th>tasks</th><td>verify: [0-9]+ in [^<]*; write: [0-9]+ in", text)
     assert "data:image/png;base64," in text
+    # Trained again: the committed version is found, its report kept as it was written.
+    written = page.stat().st_mtime_ns
+    again = shardflow("train", "fashion-mnist", "--np", "2", "--epochs", "1", "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (again.json["version"], again.json["report"]) == (result["version"], str(page))
+    assert page.stat().st_mtime_ns == written
 
     shot = tmp_path / "input-view.png"
     subprocess.run(
