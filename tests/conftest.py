@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from preprocessing.sources import idx, mnist_csv
+from data_catalog import Catalog
+from preprocessing.sources import idx, mnist, mnist_csv
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 STEMS = {
@@ -23,6 +25,29 @@ STEMS = {
     ("test", "images"): "t10k-images-idx3-ubyte",
     ("test", "labels"): "t10k-labels-idx1-ubyte",
 }
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a server a test starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ingest_random_mnist(root: Path, train_rows: int, seed: int) -> Catalog:
+    """A catalog under ``root`` holding raw `mnist`: ``train_rows`` random training images
+    and labels (and 100 test ones) drawn with ``seed``, ingested from uncompressed IDX files."""
+    rng = np.random.default_rng(seed)
+    source = root / "source"
+    source.mkdir()
+    for prefix, n in (("train", train_rows), ("t10k", 100)):
+        images = rng.integers(0, 256, (n, 28, 28), np.uint8)
+        idx.write(source / f"{prefix}-images-idx3-ubyte", images, compress=False)
+        labels = rng.integers(0, 10, n, np.uint8)
+        idx.write(source / f"{prefix}-labels-idx1-ubyte", labels, compress=False)
+    catalog = Catalog(root / "catalog")
+    mnist.ingest(catalog, "mnist", source=str(source), download_cache=root / "downloads")
+    return catalog
 
 
 def write_idx_set(directory: Path, splits: dict[str, tuple[np.ndarray, np.ndarray]]) -> Path:

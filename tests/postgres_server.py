@@ -7,7 +7,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -17,11 +16,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import free_port
 
 
 def _as_postgres(*command: str) -> None:
@@ -70,7 +65,7 @@ def postgres_server(password: str = "shardflow-test") -> Iterator[Postgres]:
     if os.geteuid() == 0:
         user = pwd.getpwnam("postgres")
         os.chown(data, user.pw_uid, user.pw_gid)
-    port = _free_port()
+    port = free_port()
     secret = data / "password"
     secret.write_text(password + "\n")
     if os.geteuid() == 0:

@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import free_port
+
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel")
 PARTITION = "debug"
 NODE_CPUS = 2
@@ -52,13 +54,6 @@ def missing_reason() -> str | None:
 
 
 _PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _memory_mib() -> int:
@@ -125,8 +120,8 @@ class Slurm:
         lines = {
             "ClusterName": "shardflow-test",
             "SlurmctldHost": f"{self.hostname}(127.0.0.1)",
-            "SlurmctldPort": str(_free_port()),
-            "SlurmdPort": str(_free_port()),
+            "SlurmctldPort": str(free_port()),
+            "SlurmdPort": str(free_port()),
             "SrunPortRange": f"{srun_ports}-{srun_ports + 99}",
             "SlurmUser": "root",
             "SlurmdUser": "root",

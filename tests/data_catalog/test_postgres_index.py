@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,56 +10,14 @@ import sqlalchemy as sa
 
 from data_catalog import Catalog, Manifest
 from data_catalog.index import versions_table
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_postgres(*command: str) -> None:
-    # PostgreSQL refuses to run as root; the tests may run as root (CI does).
-    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    subprocess.run([*prefix, *command], check=True, capture_output=True, timeout=120)
+from tests.postgres_server import postgres_server
 
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not binaries:
-        pytest.fail("PostgreSQL's server is missing: run `make test` (it installs postgresql)")
-    bin_dir = Path(binaries[-1]).parent
-    # Outside pytest's private tmp tree: the postgres user must be able to reach it.
-    data = Path(tempfile.mkdtemp(prefix="shardflow-pg-"))
-    if os.geteuid() == 0:
-        user = pwd.getpwnam("postgres")
-        os.chown(data, user.pw_uid, user.pw_gid)
-    port = _free_port()
-    _as_postgres(str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")
-    _as_postgres(
-        str(bin_dir / "pg_ctl"),
-        "-D",
-        str(data),
-        "-l",
-        str(data / "server.log"),
-        "-w",
-        "-o",
-        f"-p {port} -k {data} -c listen_addresses=127.0.0.1",
-        "start",
-    )
-    try:
-        admin = sa.create_engine(
-            f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres",
-            isolation_level="AUTOCOMMIT",
-        )
-        with admin.connect() as conn:
-            conn.execute(sa.text("CREATE DATABASE shardflow"))
-        admin.dispose()
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/shardflow"
-    finally:
-        _as_postgres(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop")
-        shutil.rmtree(data, ignore_errors=True)
+    with postgres_server() as pg:
+        pg.psql("postgres", "CREATE DATABASE shardflow")
+        yield f"postgresql+psycopg2://{pg.user}:{pg.password}@127.0.0.1:{pg.port}/shardflow"
 
 
 def _commit(catalog: Catalog, name: str, kind: str, text: str, parents: tuple = ()) -> Manifest:

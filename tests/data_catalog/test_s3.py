@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import s3fs  # noqa: F401  (the filesystem the catalog opens for s3://)
 
 from data_catalog import Catalog
 from data_catalog.storage import ObjectStorage as ObjectStore
+from tests.conftest import free_port
 from tests.data_catalog.commit_helper import CODE_VERSION, commit, write_files
 from tests.data_catalog.test_crash_safety import finish
 
@@ -39,13 +39,6 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from data_catalog import Catalog
 from preprocessing.sources import mnist
-from tests.conftest import Result
+from tests.conftest import Result, free_port
 from tests.preprocessing.sources.skyserver_standin import StandIn, serve, synthetic_rows
 
 pytestmark = pytest.mark.e2e
@@ -123,14 +123,6 @@ def test_two_identical_train_runs_take_turns(processed_subset: Path) -> None:
 # Items 6 and 10: an external Dask scheduler that cannot run the work
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _listen(*, answer: bytes | None) -> tuple[str, Callable[[], None]]:
     """A loopback listener that accepts and never answers (``answer`` None), or answers every
     connection with ``answer`` (an HTTP server's reply); its address and its stop."""
@@ -195,7 +187,7 @@ def test_a_scheduler_address_that_never_answers_dask(
 @pytest.fixture
 def scheduler(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A `dask scheduler` on loopback with no worker; stopped after the test."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
          "--no-dashboard"],
@@ -324,7 +316,7 @@ def test_a_prefect_api_that_does_not_answer_is_named_before_any_work(
     if kind == "silent":
         address, stop = _listen(answer=None)
     else:
-        address, stop = f"127.0.0.1:{_free_port()}", lambda: None
+        address, stop = f"127.0.0.1:{free_port()}", lambda: None
     api = f"http://{address}/api"
     try:
         result = run(

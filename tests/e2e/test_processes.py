@@ -13,7 +13,6 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -302,12 +303,6 @@ def test_sigkill_of_run_stops_its_prefect_server(
         wait_for("the Prefect server gone", lambda: not alive(server), STOP_SECONDS)
         assert not port_listens(port)
         wait_for("no process of the run left", lambda: processes_of(shardflow_home) == [], 30)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize(

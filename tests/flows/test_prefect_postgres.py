@@ -4,17 +4,15 @@ and deploy/kubernetes configure theirs (PREFECT_SERVER_DATABASE_*, the password 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.flows.test_prefect_server import BIN, free_port
 from tests.postgres_server import postgres_server
+from tests.prefect_server import shardflow_server
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +29,6 @@ def test_a_flow_run_is_recorded_in_postgresql(tmp_path: Path) -> None:
     write_sdss_exports(exports, rows=3_000, files=3, fmt="csv", seed=7)
     with postgres_server() as pg:
         pg.psql("postgres", "CREATE DATABASE prefect")
-        port = free_port()
         env = {
             **os.environ,
             "PREFECT_HOME": str(tmp_path / "prefect"),
@@ -42,28 +39,9 @@ def test_a_flow_run_is_recorded_in_postgresql(tmp_path: Path) -> None:
             "PREFECT_SERVER_DATABASE_NAME": "prefect",
             "PREFECT_SERVER_DATABASE_PASSWORD": pg.password,
         }
-        env.pop("PREFECT_API_URL", None)
         env.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
-        log = open(tmp_path / "server.log", "w")  # noqa: SIM115 - closed below
-        server = subprocess.Popen(
-            [str(BIN / "shardflow"), "server", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}/api"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("Prefect server did not start:\n" + Path(log.name).read_text())
-                time.sleep(1)
+        with shardflow_server(env, tmp_path / "server.log", start_seconds=300) as base:
+            url = f"{base}/api"
             flow_env = {k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_DAT")}
             flow = subprocess.run(
                 [sys.executable, "-c", INGEST, str(tmp_path / "home"), str(exports)],
@@ -90,7 +68,3 @@ def test_a_flow_run_is_recorded_in_postgresql(tmp_path: Path) -> None:
                     "SELECT count(*) FROM events WHERE event = 'prefect.flow-run.Completed'",
                 ).strip()
             assert completed == "1"
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=60)
-            log.close()

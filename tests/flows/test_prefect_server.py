@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,57 +22,26 @@ import httpx
 import pytest
 
 from tests.conftest import Result
+from tests.prefect_server import BIN, shardflow_server
 
 pytestmark = pytest.mark.e2e
 
-BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "prefect-flow-run.png"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`shardflow server` on a free loopback port; yields its base URL."""
     home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
         # Schedule runs every few seconds so that a test need not wait a minute.
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
     }
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [str(BIN / "shardflow"), "server", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("Prefect server did not start:\n" + (home / "server.log").read_text())
-            time.sleep(1)
+    with shardflow_server(env, home / "server.log", start_seconds=120) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
 
 
 def chromium_command(tmp_path: Path) -> list[str]:

@@ -13,13 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_catalog import Catalog
 from data_catalog.layout import ProcessedLayout
 from preprocessing.config import JobOptions
 from preprocessing.driver import run_locally
 from preprocessing.images import plan_job
 from preprocessing.plan import PlanConfig
-from preprocessing.sources import idx, mnist
+from tests.conftest import ingest_random_mnist
 from training.input import READERS, InputSpec, epoch_batches, epoch_seed, load_split
 from training.row_groups import binary_pixels, split_files
 
@@ -30,20 +29,7 @@ ROWS = 1_500
 def image_splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, InputSpec]]:
     """The training split of one raw version processed as Parquet and as Petastorm."""
     root = tmp_path_factory.mktemp("row-groups")
-    rng = np.random.default_rng(11)
-    source = root / "source"
-    source.mkdir()
-    for prefix, n in (("train", ROWS), ("t10k", 100)):
-        idx.write(
-            source / f"{prefix}-images-idx3-ubyte",
-            rng.integers(0, 256, (n, 28, 28), np.uint8),
-            compress=False,
-        )
-        idx.write(
-            source / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, np.uint8), compress=False
-        )
-    catalog = Catalog(root / "catalog")
-    mnist.ingest(catalog, "mnist", source=str(source), download_cache=root / "downloads")
+    catalog = ingest_random_mnist(root, ROWS, seed=11)
     splits = {}
     for fmt in ("parquet", "petastorm"):
         options = JobOptions(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -15,7 +14,7 @@ from preprocessing.config import JobOptions
 from preprocessing.driver import run_locally
 from preprocessing.images import plan_job
 from preprocessing.plan import PlanConfig
-from preprocessing.sources import idx, mnist
+from tests.conftest import ingest_random_mnist
 from training.input import InputSpec, _reader, epoch_batches, epoch_seed, plan_steps
 from training.launcher import row_groups_by_epoch
 
@@ -26,20 +25,7 @@ SEED = 3
 @pytest.fixture(scope="module")
 def processed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Catalog, Manifest]:
     root = tmp_path_factory.mktemp("sharding")
-    rng = np.random.default_rng(5)
-    source = root / "source"
-    source.mkdir()
-    for prefix, n in (("train", ROWS), ("t10k", 100)):
-        idx.write(
-            source / f"{prefix}-images-idx3-ubyte",
-            rng.integers(0, 256, (n, 28, 28), np.uint8),
-            compress=False,
-        )
-        idx.write(
-            source / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, np.uint8), compress=False
-        )
-    catalog = Catalog(root / "catalog")
-    mnist.ingest(catalog, "mnist", source=str(source), download_cache=root / "downloads")
+    catalog = ingest_random_mnist(root, ROWS, seed=5)
     options = JobOptions(
         plan=PlanConfig(rank_multiple=8, target_rows_per_group=100, target_rows_per_shard=600),
         validation_fraction=0,
