@@ -382,10 +382,10 @@ def _not_a_lost_scheduler(record: logging.LogRecord) -> bool:
 
 
 def _not_a_cancel_race(record: logging.LogRecord) -> bool:
-    # distributed 2026.8's `utils.sync`: a Ctrl-C that arrives before the coroutine it waits
-    # on has started schedules `cancel()`, which reads the unassigned `future` and raises
-    # NameError in the event loop's thread; tornado logs it with a traceback. The interrupt
-    # itself is handled (the command stops and says so in one line).
+    # distributed's `utils.sync` (2026.1.1, the same in 2026.8): a Ctrl-C that arrives before
+    # the coroutine it waits on has started schedules `cancel()`, which reads the unassigned
+    # `future` and raises NameError in the event loop's thread; tornado logs it with a
+    # traceback. The interrupt itself is handled (the command stops and says so in one line).
     if record.exc_info is None or not isinstance(record.exc_info[1], NameError):
         return True
     return "sync.<locals>.cancel" not in record.getMessage()
