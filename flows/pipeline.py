@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,19 @@ def _start(dataset: str, home: str | None) -> tuple[Settings, Catalog, Dataset]:
     return settings, settings.catalog(), entry
 
 
+def _found(manifest: Manifest, started: datetime) -> bool:
+    """Whether ``manifest``'s version was in the catalog before this flow run ``started``
+    (found, not made). Its artifacts were published by the run that committed it: publishing
+    them again stores another copy of each for nothing (a nightly run with nothing new)."""
+    created = datetime.fromisoformat(manifest.created)
+    found = (created if created.tzinfo else created.replace(tzinfo=UTC)) < started
+    if found:
+        get_run_logger().info(
+            f"{manifest.name}@{manifest.version}: artifacts as published by the run that made it"
+        )
+    return found
+
+
 def _key(*parts: str) -> str:
     """An artifact key (lowercase letters, digits and dashes only)."""
     return "-".join(parts).lower().replace("_", "-").replace(".", "-")
@@ -107,6 +121,7 @@ def ingest_flow(
     """Fetch and check the raw files of ``dataset`` into a raw catalog version: a task run per
     pass of the ingest job, its tasks (one per input file) plain Dask tasks on the cluster
     ``cluster`` describes (default: a LocalCluster of one worker per usable core)."""
+    started = datetime.now(UTC)
     settings, catalog, entry = _start(dataset, home)
     watch = StageWatch(
         _key(dataset, "ingest"), f"listing {source or dataset}", lambda state: state.fraction
@@ -122,6 +137,8 @@ def ingest_flow(
     )
     manifest = catalog.get(result.dataset, result.version)
     watch.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
+    if _found(manifest, started):
+        return result.to_json()
     create_table_artifact(
         key=_key(dataset, "raw-files"),
         table=[
@@ -177,6 +194,7 @@ def preprocess_flow(
     plain Dask tasks on the cluster ``cluster`` describes: a LocalCluster (default: one
     worker per usable core), or the cluster of its ``scheduler`` (tcp://host:8786), whose
     workers must see the catalog at the same path."""
+    started = datetime.now(UTC)
     settings, catalog, entry = _start(dataset, home)
     watch = StageWatch(_key(dataset, "preprocess"), "planning", _preprocess_bar)
     runs = PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info)
@@ -191,7 +209,8 @@ def preprocess_flow(
     )
     manifest = catalog.get(result.name, result.version)
     watch.finish(f"{manifest.rows:,} rows")
-    _preprocess_artifacts(dataset, manifest, runs.dashboard)
+    if not _found(manifest, started):
+        _preprocess_artifacts(dataset, manifest, runs.dashboard)
     return result.to_json()
 
 
@@ -258,13 +277,15 @@ def train_flow(
 ) -> dict[str, Any]:
     """Train on the latest processed version with horovodrun, where and how ``launch`` says;
     commit the model (the dataset's default model unless ``config`` names one)."""
+    started = datetime.now(UTC)
     settings, catalog, entry = _start(dataset, home)
     config = stages.with_default_model(entry, config or TrainConfig())
     assert config.model is not None  # with_default_model resolves it
     on_epoch = input_by_epoch_table(model_name(entry.name, config.model), get_run_logger().info)
     result = train_task(settings, catalog, entry, config, launch or LaunchConfig(), on_epoch)
-    _train_artifacts(result)
-    _input_artifacts(result)
+    if not _found(catalog.get(result.model_name, result.version), started):
+        _train_artifacts(result)
+        _input_artifacts(result)
     return result.to_json()
 
 

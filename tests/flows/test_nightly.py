@@ -61,6 +61,12 @@ def _night(server: str, home: Path) -> dict[str, Any]:
         stop_worker(worker)
 
 
+def _artifacts(server: str) -> int:
+    """The table and markdown artifacts the server holds (progress bars apart: one a stage)."""
+    kinds = {"artifacts": {"type": {"any_": ["table", "markdown"]}}}
+    return int(httpx.post(f"{server}/api/artifacts/count", json=kinds, timeout=30).json())
+
+
 def _versions(shardflow: Callable[..., Result]) -> dict[str, tuple[int, str]]:
     """(versions, the latest) of every dataset and model in the catalog."""
     listed = shardflow("catalog", "list", "--json")
@@ -92,8 +98,11 @@ def test_the_nightly_deployment_does_only_what_is_new(
         "sdss-dnn": 1,
     }
 
+    published = _artifacts(prefect_server)
+    assert published > 0
     second = _night(prefect_server, shardflow_home)
     assert _versions(shardflow) == committed  # nothing new: nothing committed
+    assert _artifacts(prefect_server) == published  # nor published again
     took = (first["total_run_time"], second["total_run_time"])
     print(f"nightly: first night {took[0]:.1f} s, then nothing new {took[1]:.1f} s")
 
