@@ -261,11 +261,12 @@ class LaunchConfig:
                 raise ConfigError("spark_master", "needs --launcher spark")
             return
         if self.spark_master is not None and not re.fullmatch(
-            r"local(\[(\*|[1-9][0-9]*)\])?|(spark|yarn|k8s)://\S+|yarn", self.spark_master
+            r"local(\[(\*|[1-9][0-9]*)\])?|spark://\S+:[0-9]+", self.spark_master
         ):
             raise ConfigError(
                 "spark_master",
-                "must be a Spark master URL: local[N], spark://HOST:PORT, yarn or k8s://URL, "
+                "must be a Spark master URL: local, local[N], local[*] or spark://HOST:PORT (a "
+                "standalone master), "
                 f"got {self.spark_master!r}",
             )
         refused = {

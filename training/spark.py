@@ -90,6 +90,15 @@ def check_master(master: str) -> None:
     )
 
 
+def _address_towards(master: str) -> str:
+    """This host's address on the route to ``master``: where its executors can reach the
+    driver. Spark's default is this host's name, which a worker host may resolve to another
+    address (to itself, in the lab's namespaced hosts: Connection refused to "vm/10.77.x.2")."""
+    host, _, port = master.removeprefix("spark://").split(",")[0].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=MASTER_SECONDS) as connection:
+        return str(connection.getsockname()[0])
+
+
 def spark_command(master: str, num_ranks: int, worker_json: Path, parent: int) -> list[str]:
     """The command line of this module that runs ``num_ranks`` ranks on ``master``."""
     return [
@@ -140,8 +149,10 @@ def _session(master: str, num_ranks: int) -> object:
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
-    else:
-        builder = builder.config("spark.cores.max", str(num_ranks))
+    else:  # spark://: a standalone master (LaunchConfig takes no other)
+        builder = builder.config("spark.cores.max", str(num_ranks)).config(
+            "spark.driver.host", _address_towards(master)
+        )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
