@@ -20,6 +20,7 @@ from tests.e2e.test_processes import (
     command_env,
     processes_of,
     started,
+    stderr_of,
     wait_for,
 )
 
@@ -136,3 +137,26 @@ def test_sigkill_of_train_stops_the_jvm_the_spark_workers_and_every_rank(
             lambda: processes_of(home) == [],
             30,
         )
+
+
+def test_a_rank_killed_inside_its_spark_task_is_one_line_and_stops_everything(
+    home: Path, tmp_path: Path
+) -> None:
+    long = ("--epochs", "30", "--batch-size", "8")
+    with started(["train", "fashion-mnist", *SPARK, *long], home, tmp_path) as proc:
+        command = psutil.Process(proc.pid)
+        wait_for("both ranks training", lambda: _ranks_running(home, command), 400, proc)
+        # The rank itself, not the shell Horovod's task service starts it with.
+        rank = next(
+            p
+            for p in command.children(recursive=True)
+            if cmdline(p).split()[1:3] == ["-m", "horovod.spark.task.gloo_exec_fn"]
+        )
+        rank.kill()
+        proc.wait(timeout=120)
+        assert proc.returncode != 0
+        said = stderr_of(proc).strip().splitlines()
+        assert len(said) == 1 and said[0].startswith("shardflow: "), said[-20:]
+        assert "ended with exit code 137 (SIGKILL)" in said[0]
+        assert "Horovod's Spark runner stopped the other ranks" in said[0]
+        wait_for("nothing left after the failed run", lambda: processes_of(home) == [], 30)
