@@ -13,6 +13,7 @@ CHROMIUM := /usr/bin/chromium
 DOCKER_COMPOSE := /usr/bin/docker-compose
 SSHD := /usr/sbin/sshd
 SLURMD := /usr/sbin/slurmd
+JAVA := /usr/lib/jvm/java-17-openjdk-amd64/bin/java
 MNIST_5K := .cache/mnist_5k.csv.gz
 # The first 20 real CIFAR-10 test images ship in foolbox's wheel (docs: shared DATA.md).
 FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
@@ -21,7 +22,7 @@ FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
 HOROVOD_ENV := CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 
-.PHONY: setup demo test test-fast lint postgres-server help experiment-setup
+.PHONY: setup demo test test-fast lint postgres-server help experiment-setup spark-jdk
 
 help:
 	@echo "make demo   ingest, preprocess and train real Fashion-MNIST on 2 Horovod ranks"
@@ -53,6 +54,12 @@ $(FASHION_MNIST):
 $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium
+
+# Debian's JDK 17 (headless), for `train --launcher spark`: pyspark starts a JVM.
+spark-jdk: $(JAVA)
+$(JAVA):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openjdk-17-jre-headless
 
 # Debian's docker-compose 1.29, for the test that validates deploy/compose.yaml with
 # `docker-compose config` (tests only: no container engine is needed or used).
@@ -116,7 +123,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy data_catalog preprocessing training lab flows
 
-test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) $(DOCKER_COMPOSE) $(SSHD) $(SLURMD) postgres-server lint
+test: setup $(MNIST_5K) $(FOOLBOX) $(CHROMIUM) $(DOCKER_COMPOSE) $(SSHD) $(SLURMD) $(JAVA) postgres-server lint
 	SHARDFLOW_MNIST_5K=$(CURDIR)/$(MNIST_5K) $(VENV)/bin/pytest -q
 
 test-fast: $(STAMP) lint

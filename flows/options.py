@@ -441,10 +441,18 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                 Flag(
                     field="launcher",
                     flag="--launcher",
-                    choices=("horovodrun", "slurm"),
+                    choices=("horovodrun", "slurm", "spark"),
                     help="slurm: run inside an sbatch/salloc allocation, horovodrun on its "
                     "nodes and task slots (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE) instead "
-                    "of --hosts; --np defaults to its task count",
+                    "of --hosts; --np defaults to its task count. spark: Horovod's Spark "
+                    "runner starts the ranks as tasks of --spark-master (needs Java 17)",
+                ),
+                Flag(
+                    field="spark_master",
+                    flag="--spark-master",
+                    metavar="URL",
+                    help="--launcher spark: the Spark master (local[N], spark://HOST:PORT)",
+                    default_help="local[NP]",
                 ),
                 Flag(
                     field="resume",

@@ -22,7 +22,7 @@ COMPRESSIONS = ("none", "fp16")
 CONTROLLERS = ("gloo", "mpi")
 # Models training.pipeline_parallel splits into stages.
 PIPELINE_MODELS = ("cnn", "mobilenetv2")
-LAUNCHERS = ("horovodrun", "slurm")
+LAUNCHERS = ("horovodrun", "slurm", "spark")
 SYNCS = ("allreduce", "pairwise")
 # Fields added after model versions were committed, with the value every earlier run had: at
 # that value they stay out of the version id, so earlier configurations keep their versions.
@@ -212,7 +212,11 @@ class LaunchConfig:
     """gloo (built into every Horovod) or mpi (when Horovod was built with MPI)."""
     launcher: str = "horovodrun"
     """horovodrun on ``hosts``/``hostfile`` (default localhost), or slurm: horovodrun on the
-    hosts and task slots of the SLURM allocation it runs in (training.slurm)."""
+    hosts and task slots of the SLURM allocation it runs in (training.slurm), or spark:
+    Horovod's Spark runner starts the ranks as tasks of ``spark_master`` (training.spark)."""
+    spark_master: str | None = None
+    """With ``launcher`` spark: the Spark master URL (``local[N]``, ``spark://host:port``);
+    default ``local[num_ranks]``, Spark in this process's JVM."""
     resume: bool = False
     """Continue from the last checkpoint of an interrupted run of the same configuration."""
     checkpoint_every: int = 0
@@ -247,11 +251,53 @@ class LaunchConfig:
             raise ConfigError(
                 "launcher", "slurm takes the hosts from the allocation: drop --hosts/--hostfile"
             )
+        self._check_spark()
+
+    def _check_spark(self) -> None:
+        """What ``launcher`` spark goes with: Spark places the ranks (no hosts, no ssh) and
+        Horovod's Spark runner is used with Gloo here."""
+        if self.launcher != "spark":
+            if self.spark_master is not None:
+                raise ConfigError("spark_master", "needs --launcher spark")
+            return
+        if self.spark_master is not None and not re.fullmatch(
+            r"local(\[(\*|[1-9][0-9]*)\])?|spark://\S+:[0-9]+", self.spark_master
+        ):
+            raise ConfigError(
+                "spark_master",
+                "must be a Spark master URL: local, local[N], local[*] or spark://HOST:PORT (a "
+                "standalone master), "
+                f"got {self.spark_master!r}",
+            )
+        refused = {
+            "hosts": self.hosts,
+            "hostfile": self.hostfile,
+            "ssh_port": self.ssh_port,
+            "ssh_identity_file": self.ssh_identity_file,
+            "disable_cache": self.disable_cache,
+            "controller": self.controller != "gloo",
+            "timeline": self.timeline,
+        }
+        for name, given in refused.items():
+            if given:
+                raise ConfigError(
+                    name,
+                    "is not supported with --launcher spark: Spark places the ranks, which talk "
+                    "over Gloo",
+                )
 
 
 def check_launch(config: TrainConfig, launch: LaunchConfig) -> None:
     """Refuse a launch ``config`` cannot take: a pipelined run (``model_stages`` > 1) cannot
-    resume yet, so it takes neither ``resume`` nor ``checkpoint_every``."""
+    resume yet, so it takes neither ``resume`` nor ``checkpoint_every``; a local Spark master
+    with fewer task slots than ranks would never start them all."""
+    slots = re.fullmatch(r"local(?:\[([0-9]+)\])?", launch.spark_master or "")
+    if launch.launcher == "spark" and slots and int(slots.group(1) or 1) < config.num_ranks:
+        raise ConfigError(
+            "spark_master",
+            f"{launch.spark_master} runs {int(slots.group(1) or 1)} task(s) at a time, fewer "
+            f"than the {config.num_ranks} ranks (--np), which must all run at once",
+        )
     if config.model_stages == 1:
         return
     refused = {"checkpoint_every": launch.checkpoint_every > 0, "resume": launch.resume}

@@ -440,13 +440,8 @@ def run_ranks(config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress
     Ctrl-C in the terminal reaches only this process, which then stops it (:func:`_stop`)
     before the interruption goes on.
     """
-    if launch.controller == "mpi":
-        require_mpi()
-    find_horovodrun()  # Horovod is installed
-    command = [
-        *(sys.executable, "-m", "training.horovodrun", "--parent", str(os.getpid())),
-        *horovodrun_command(config, launch, run_dir)[1:],
-    ]
+    command = _rank_launch_command(config, launch, run_dir)
+    runner = "Horovod's Spark runner" if launch.launcher == "spark" else "horovodrun"
     progress("$ " + " ".join(command))
     tail: deque[str] = deque(maxlen=200)
     with (
@@ -484,7 +479,28 @@ def run_ranks(config: TrainConfig, launch: LaunchConfig, run_dir: Path, progress
             _stop(proc)
             raise
     if returncode != 0:
-        raise ShardflowError(_failure_message(returncode, list(tail), stopped or []))
+        raise ShardflowError(_failure_message(returncode, list(tail), stopped or [], runner))
+
+
+def _rank_launch_command(config: TrainConfig, launch: LaunchConfig, run_dir: Path) -> list[str]:
+    """What starts the ranks and dies with this process: horovodrun through
+    :mod:`training.horovodrun`, or Horovod's Spark runner through :mod:`training.spark`."""
+    if launch.launcher == "spark":
+        from training import spark
+
+        spark.find_java()
+        master = launch.spark_master or f"local[{config.num_ranks}]"
+        spark.check_master(master)
+        return spark.spark_command(
+            master, config.num_ranks, run_dir / "worker.json", parent=os.getpid()
+        )
+    if launch.controller == "mpi":
+        require_mpi()
+    find_horovodrun()  # Horovod is installed
+    return [
+        *(sys.executable, "-m", "training.horovodrun", "--parent", str(os.getpid())),
+        *horovodrun_command(config, launch, run_dir)[1:],
+    ]
 
 
 # Gloo's words when a collective waited for a peer longer than HOROVOD_GLOO_TIMEOUT_SECONDS.
@@ -536,8 +552,10 @@ def require_mpi() -> None:
         )
 
 
-def _failure_message(returncode: int, tail: list[str], stopped: list[int]) -> str:
-    """One line saying which rank failed and how, from horovodrun's last lines; a rank that
+def _failure_message(
+    returncode: int, tail: list[str], stopped: list[int], runner: str = "horovodrun"
+) -> str:
+    """One line saying which rank failed and how, from ``runner``'s last lines; a rank that
     only timed out waiting for a peer is not blamed: the peer (``stopped``, when one on this
     host was found stopped) is."""
     text = "\n".join(tail)
@@ -557,7 +575,7 @@ def _failure_message(returncode: int, tail: list[str], stopped: list[int]) -> st
             )
             return (
                 f"training stopped: {who}; rank {name} gave up waiting for it after "
-                f"{seconds:.0f} s (HOROVOD_GLOO_TIMEOUT_SECONDS) and horovodrun stopped every "
+                f"{seconds:.0f} s (HOROVOD_GLOO_TIMEOUT_SECONDS) and {runner} stopped every "
                 "rank; rerun with --resume to continue from the last checkpoint"
             )
         exit_code = int(code.group(1))
@@ -570,19 +588,24 @@ def _failure_message(returncode: int, tail: list[str], stopped: list[int]) -> st
         errors = [m.group(1) for line in own if (m := _ERROR_LINE.search(line))]
         cause = f" ({errors[-1].strip()[:200]})" if errors else ""
         return (
-            f"training stopped: rank {name} ended with {how}{cause} and horovodrun "
+            f"training stopped: rank {name} ended with {how}{cause} and {runner} "
             "stopped the other ranks; rerun with --resume to continue from the last checkpoint"
         )
     if returncode < 0:
         with contextlib.suppress(ValueError):
             killed = signal.Signals(-returncode).name
             return (
-                f"horovodrun was killed ({killed}) by something other than shardflow, and its "
+                f"{runner} was killed ({killed}) by something other than shardflow, and its "
                 "ranks with it; rerun with --resume to continue from the last checkpoint"
             )
+    from training.spark import FAILURE_PREFIX
+
+    failed = [line.split(FAILURE_PREFIX, 1)[1] for line in tail if FAILURE_PREFIX in line]
+    if failed:
+        return f"{runner} failed: {failed[-1].strip()[:300]}"
     errors = [m.group(1) for line in tail if (m := _ERROR_LINE.search(line))]
     last = errors[-1] if errors else (tail[-1] if tail else "no output")
-    return f"horovodrun exited with {returncode}: {last.strip()[:200]}"
+    return f"{runner} exited with {returncode}: {last.strip()[:200]}"
 
 
 # A Python exception's last line, as a rank prints it: "[0]<stderr>:ValueError: ..." (a

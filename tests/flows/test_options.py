@@ -32,6 +32,7 @@ CONFIGS = [
         ),
     ),
     (TrainConfig(), LaunchConfig(hostfile="/tmp/hosts", controller="mpi")),
+    (TrainConfig(), LaunchConfig(launcher="spark", spark_master="spark://master:7077")),
 ]
 
 
@@ -59,6 +60,7 @@ def test_the_launch_flags_are_the_ones_train_always_had() -> None:
         "disable_cache": "--disable-cache",
         "controller": "--controller",
         "launcher": "--launcher",
+        "spark_master": "--spark-master",
         "resume": "--resume",
         "checkpoint_every": "--checkpoint-every",
         "timeline": "--timeline",

@@ -110,6 +110,7 @@ def test_no_launch_config_field_is_a_train_config_field() -> None:
         "disable_cache",
         "controller",
         "launcher",
+        "spark_master",
         "resume",
         "checkpoint_every",
         "timeline",
@@ -133,3 +134,22 @@ def test_a_seed_no_rank_can_set_is_refused_here() -> None:
     assert TrainConfig(seed=2**32 - 1).seed == 2**32 - 1
     with pytest.raises(ConfigError, match="seed must be at most 4294967295"):
         TrainConfig(seed=2**32)
+
+
+def test_spark_launcher_takes_a_master_url_and_refuses_what_spark_decides() -> None:
+    from data_catalog.errors import ConfigError
+    from training.config import check_launch
+
+    for master in (None, "local", "local[4]", "local[*]", "spark://h1:7077,h2:7077"):
+        assert LaunchConfig(launcher="spark", spark_master=master).spark_master == master
+    with pytest.raises(ConfigError, match="must be a Spark master URL"):
+        LaunchConfig(launcher="spark", spark_master="mesos://x")
+    with pytest.raises(ConfigError, match="needs --launcher spark"):
+        LaunchConfig(spark_master="local[2]")
+    for refused in ({"hosts": "a:1"}, {"controller": "mpi"}, {"ssh_port": 2222}):
+        with pytest.raises(ConfigError, match="not supported with --launcher spark"):
+            LaunchConfig(launcher="spark", **refused)  # type: ignore[arg-type]
+    # A local master with fewer slots than ranks would wait for tasks that never start.
+    with pytest.raises(ConfigError, match="runs 1 task"):
+        check_launch(TrainConfig(num_ranks=2), LaunchConfig(launcher="spark", spark_master="local"))
+    check_launch(TrainConfig(num_ranks=2), LaunchConfig(launcher="spark", spark_master="local[2]"))

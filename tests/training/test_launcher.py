@@ -236,3 +236,15 @@ def test_a_ranks_own_error_is_its_cause() -> None:
     tail = ["[0]<stderr>:Traceback (most recent call last):", "[0]<stderr>:KeyError: 'loss'"]
     message = _failure_message(1, [*tail, *HOROVOD_END], [])
     assert message.startswith("training stopped: rank 0 ended with exit code 1 (KeyError: 'loss')")
+
+
+def test_a_failed_spark_run_is_its_one_line_and_names_spark() -> None:
+    from training.launcher import _failure_message
+    from training.spark import FAILURE_PREFIX
+
+    tail = ["26/11/26 WARN something", f"{FAILURE_PREFIX}Exception: Spark job has failed"]
+    message = _failure_message(1, tail, [], "Horovod's Spark runner")
+    assert message == "Horovod's Spark runner failed: Exception: Spark job has failed"
+    rank = [f"{FAILURE_PREFIX}RuntimeError: Horovod detected ... Process name: 1 Exit code: 3"]
+    message = _failure_message(1, rank, [], "Horovod's Spark runner")
+    assert message.startswith("training stopped: rank 1 ended with exit code 3 and Horovod's")
