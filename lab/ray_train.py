@@ -106,11 +106,25 @@ def _train_loop_per_worker(loop: dict[str, Any]) -> None:
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             epoch_seconds.append(time.perf_counter() - self.start)
 
+    step_seconds: list[list[float]] = []
+
+    class StepTimes(tf.keras.callbacks.Callback):  # type: ignore[misc]  # Keras is untyped
+        """Each step's wall time, by epoch: as the Horovod rank's input meter times them."""
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            step_seconds.append([])
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            step_seconds[-1].append(time.perf_counter() - self.start)
+
     history = model.fit(
         distributed,
         epochs=loop["epochs"],
         steps_per_epoch=loop["steps_per_epoch"],
-        callbacks=[EpochTimes()],
+        callbacks=[EpochTimes(), StepTimes()],
         verbose=0,
     )
     test_inputs, test_labels = load_split(loop["test_files"], spec)
@@ -123,6 +137,8 @@ def _train_loop_per_worker(loop: dict[str, Any]) -> None:
     )
     metrics = {
         "epoch_seconds": epoch_seconds,
+        "step_seconds_by_epoch": [sum(steps) for steps in step_seconds],
+        "steps_by_epoch": [len(steps) for steps in step_seconds],
         "train_accuracy": [float(a) for a in history.history["accuracy"]],
         "test_accuracy": float(np.mean(predicted == test_labels)),
         "test_rows": len(test_labels),
@@ -202,8 +218,9 @@ def run(config: RayTrainConfig) -> dict[str, Any]:
         raise ShardflowError(f"Ray Train failed: {error}")
     metrics = dict(result.metrics or {})
     return {
-        **{k: metrics[k] for k in ("epoch_seconds", "train_accuracy", "test_accuracy",
-                                   "test_rows", "train_rows_per_worker")},
+        **{k: metrics[k] for k in ("epoch_seconds", "step_seconds_by_epoch", "steps_by_epoch",
+                                   "train_accuracy", "test_accuracy", "test_rows",
+                                   "train_rows_per_worker")},
         "seconds_with_cluster": seconds,
         "ray_version": ray.__version__,
         "train_v2": os.environ.get("RAY_TRAIN_V2_ENABLED", "default"),

@@ -33,6 +33,15 @@ QUICK_EPOCHS = 2
 BATCH_SIZE = 64
 LEARNING_RATE = 0.001
 SEEDS = (0, 1, 2)
+# What every run measures, summarised over the seeds.
+MEASURES = (
+    "seconds_per_epoch",
+    "step_ms",
+    "test_accuracy",
+    "loopback_bytes",
+    "cpu_seconds",
+    "wall_seconds",
+)
 QUICK_SEEDS = (0,)
 FULL_SAMPLE = Sample(train_rows=12_000, test_rows=10_000)
 QUICK_SAMPLE = Sample(train_rows=512, test_rows=256)
@@ -100,6 +109,18 @@ def _metered(command: list[str], request: ExperimentRequest, pipeline: Pipeline)
     return run
 
 
+def _step_ms(seconds_by_epoch: list[float], steps_by_epoch: list[int]) -> float:
+    """Mean milliseconds per training step after the first epoch (which traces the graph)."""
+    later = slice(1, None) if len(steps_by_epoch) > 1 else slice(None)
+    return 1000 * sum(seconds_by_epoch[later]) / max(1, sum(steps_by_epoch[later]))
+
+
+def horovod_step_ms(trained: dict[str, Any]) -> float:
+    """Rank 0's mean step time (its input meter, training.input_metrics), after epoch 1."""
+    epochs = trained["input_by_rank"][0]["epochs"]
+    return _step_ms([e["step_seconds"] for e in epochs], [e["timed_steps"] for e in epochs])
+
+
 def _row(engine: str, seed: int, epoch_seconds: list[float], run: Metered) -> dict[str, Any]:
     # Epoch 1 also traces the graph and (Horovod) broadcasts the weights.
     steady = epoch_seconds[1:] or epoch_seconds
@@ -149,6 +170,7 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         rows.append(
             {
                 **_row("horovod", seed, trained["epoch_seconds"], run),
+                "step_ms": horovod_step_ms(trained),
                 "test_accuracy": trained["test_accuracy"],
                 "test_rows": trained["test_rows"],
                 "steps_per_epoch": trained["steps_per_epoch"],
@@ -160,6 +182,7 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         rows.append(
             {
                 **_row("ray", seed, ray["epoch_seconds"], run),
+                "step_ms": _step_ms(ray["step_seconds_by_epoch"], ray["steps_by_epoch"]),
                 "test_accuracy": ray["test_accuracy"],
                 "test_rows": ray["test_rows"],
                 "steps_per_epoch": trained["steps_per_epoch"],
@@ -200,8 +223,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for engine in ENGINES:
         mine = [r for r in rows if r["engine"] == engine]
         measures = {}
-        for key in ("seconds_per_epoch", "test_accuracy", "loopback_bytes", "cpu_seconds",
-                    "wall_seconds"):  # fmt: skip
+        for key in MEASURES:
             values = [float(r[key]) for r in mine]
             measures[key] = {
                 "mean": statistics.fmean(values),
@@ -221,11 +243,12 @@ def _plots(out: Path, summary: list[dict[str, Any]], rows: list[dict[str, Any]])
 
     panels = [
         ("seconds_per_epoch", "seconds per epoch", 1.0),
+        ("step_ms", "ms per training step", 1.0),
         ("test_accuracy", "test accuracy", 1.0),
         ("loopback_bytes", "MB over the loopback", 1e-6),
         ("cpu_seconds", "CPU-seconds (all processes)", 1.0),
     ]
-    figure, axes = plt.subplots(1, len(panels), figsize=(14, 3.6))
+    figure, axes = plt.subplots(1, len(panels), figsize=(16, 3.6))
     for axis, (key, label, scale) in zip(axes, panels, strict=True):
         for x, engine in enumerate(ENGINES):
             mine = next(s for s in summary if s["engine"] == engine)[key]
@@ -254,6 +277,7 @@ def render(result: dict[str, Any]) -> str:
         [
             "engine",
             "s/epoch",
+            "ms/step",
             "test accuracy",
             "MB over loopback",
             "CPU-seconds",
@@ -264,6 +288,7 @@ def render(result: dict[str, Any]) -> str:
             [
                 {"horovod": "Horovod 0.28.1 (Gloo)", "ray": "Ray Train"}[s["engine"]],
                 _spread(s["seconds_per_epoch"], 2),
+                _spread(s["step_ms"], 1),
                 _spread(s["test_accuracy"], 4),
                 _spread(s["loopback_bytes"], 1, 1e-6),
                 _spread(s["cpu_seconds"], 0),
@@ -278,6 +303,7 @@ def render(result: dict[str, Any]) -> str:
             "engine",
             "seed",
             "s/epoch",
+            "ms/step",
             "test accuracy",
             "bytes over loopback",
             "CPU-s",
@@ -288,6 +314,7 @@ def render(result: dict[str, Any]) -> str:
                 r["engine"],
                 r["seed"],
                 round(r["seconds_per_epoch"], 2),
+                round(r["step_ms"], 1),
                 round(r["test_accuracy"], 4),
                 r["loopback_bytes"],
                 round(r["cpu_seconds"], 1),
@@ -327,7 +354,12 @@ Every run:
 
 - **s/epoch**: the mean of the epochs after the first (the first also traces the graph), timed
   by a Keras callback in the training processes (Horovod: rank 0's epoch times in the model
-  version; Ray: worker 0's).
+  version; Ray: worker 0's). Horovod's epoch also holds its epoch-end work, which the Ray loop
+  does not do: validation on the version's validation split and rank 0's checkpoint.
+- **ms/step**: the mean wall time of a training step (forward, backward, the gradients'
+  allreduce, the update) after the first epoch, on rank 0 / worker 0: Horovod's from its input
+  meter (`input_by_rank` of the model version), Ray's from a Keras batch callback. This is the
+  figure that compares the engines' training loops.
 - **Test accuracy**: the whole test split of the version ({result["rows"][0]["test_rows"]}
   images). Horovod: `shardflow train`'s own test; Ray: worker 0's model called on the same
   files.
