@@ -44,14 +44,15 @@ class RayTrainConfig:
     epochs: int
     batch_size: int
     """Rows per step on each worker, as ``shardflow train --batch-size``."""
-    steps_per_epoch: int
+    steps_per_epoch: int | None
+    """None: planned as ``shardflow train`` plans them (training.input.plan_steps)."""
     learning_rate: float
     seed: int
     model: str = "cnn"
 
     def __post_init__(self) -> None:
         for name in ("num_workers", "epochs", "batch_size", "steps_per_epoch"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
@@ -158,11 +159,14 @@ def _loop_config(config: RayTrainConfig) -> dict[str, Any]:
     """What every worker needs, from the catalog: the files and the layout."""
     from data_catalog import Catalog
     from data_catalog.layout import ProcessedLayout
-    from training.input import InputSpec
+    from training.input import InputSpec, group_rows, plan_steps
 
     catalog = Catalog(config.catalog_root)
     manifest = catalog.get(config.dataset, config.version)
     layout = ProcessedLayout.of(manifest)
+    steps = config.steps_per_epoch or plan_steps(
+        group_rows(layout.train, manifest), config.num_workers, config.batch_size
+    )
     return {
         "spec": asdict(InputSpec.of(layout)),
         "train_files": catalog.files(config.dataset, config.version, split="train"),
@@ -173,7 +177,7 @@ def _loop_config(config: RayTrainConfig) -> dict[str, Any]:
         "model": config.model,
         "epochs": config.epochs,
         "batch_size": config.batch_size,
-        "steps_per_epoch": config.steps_per_epoch,
+        "steps_per_epoch": steps,
         "learning_rate": config.learning_rate,
         "seed": config.seed,
     }
@@ -221,6 +225,7 @@ def run(config: RayTrainConfig) -> dict[str, Any]:
         **{k: metrics[k] for k in ("epoch_seconds", "step_seconds_by_epoch", "steps_by_epoch",
                                    "train_accuracy", "test_accuracy", "test_rows",
                                    "train_rows_per_worker")},
+        "steps_per_epoch": loop["steps_per_epoch"],
         "seconds_with_cluster": seconds,
         "ray_version": ray.__version__,
         "train_v2": os.environ.get("RAY_TRAIN_V2_ENABLED", "default"),

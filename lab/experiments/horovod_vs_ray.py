@@ -70,14 +70,10 @@ def _horovod(
 
 
 def _ray(
-    prepared: Prepared,
-    epochs: int,
-    seed: int,
-    steps: int,
-    request: ExperimentRequest,
-    pipeline: Pipeline,
+    prepared: Prepared, epochs: int, seed: int, request: ExperimentRequest, pipeline: Pipeline
 ) -> tuple[dict[str, Any], Metered]:
-    """lab.ray_train in its own namespaces, on the same version and steps."""
+    """lab.ray_train in its own namespaces, on the same version, its steps planned as
+    ``shardflow train`` plans them."""
     home = Path(os.environ.get("SHARDFLOW_HOME") or "~/.shardflow").expanduser()
     config = RayTrainConfig(
         # The catalog the CLI uses (flows.settings.Settings.catalog_root).
@@ -87,7 +83,7 @@ def _ray(
         num_workers=NUM_WORKERS,
         epochs=epochs,
         batch_size=BATCH_SIZE,
-        steps_per_epoch=steps,
+        steps_per_epoch=None,
         learning_rate=LEARNING_RATE,
         seed=seed,
         model=MODEL,
@@ -164,32 +160,13 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         DATASET, sample=QUICK_SAMPLE if request.quick else FULL_SAMPLE, synthetic_rows=0
     )
     rows = []
-    for seed in seeds:
-        pipeline.progress(f"{NAME}: seed {seed}: horovod, {NUM_WORKERS} ranks")
-        trained, run = _horovod(prepared, epochs, seed, request, pipeline)
-        rows.append(
-            {
-                **_row("horovod", seed, trained["epoch_seconds"], run),
-                "step_ms": horovod_step_ms(trained),
-                "test_accuracy": trained["test_accuracy"],
-                "test_rows": trained["test_rows"],
-                "steps_per_epoch": trained["steps_per_epoch"],
-                "model_version": f"{trained['model_name']}@{trained['version']}",
-            }
-        )
-        pipeline.progress(f"{NAME}: seed {seed}: ray train, {NUM_WORKERS} workers")
-        ray, run = _ray(prepared, epochs, seed, trained["steps_per_epoch"], request, pipeline)
-        rows.append(
-            {
-                **_row("ray", seed, ray["epoch_seconds"], run),
-                "step_ms": _step_ms(ray["step_seconds_by_epoch"], ray["steps_by_epoch"]),
-                "test_accuracy": ray["test_accuracy"],
-                "test_rows": ray["test_rows"],
-                "steps_per_epoch": trained["steps_per_epoch"],
-                "ray_version": ray["ray_version"],
-                "seconds_with_cluster": ray["seconds_with_cluster"],
-            }
-        )
+    for number, seed in enumerate(seeds):
+        # Alternate which engine goes first (H R, R H, ...): the machine's load drifts.
+        for engine in ENGINES if number % 2 == 0 else ENGINES[::-1]:
+            pipeline.progress(f"{NAME}: seed {seed}: {engine}, {NUM_WORKERS} workers")
+            rows.append(_engine_row(engine, prepared, epochs, seed, request, pipeline))
+    if len({r["steps_per_epoch"] for r in rows}) != 1:
+        raise ShardflowError(f"the engines took different steps per epoch: {rows}")
     summary = summarise(rows)
     result = {
         "experiment": NAME,
@@ -215,6 +192,37 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     }
     result["plots"] = [str(p) for p in _plots(request.out, summary, rows)]
     return write_results(request.out, result, render(result))
+
+
+def _engine_row(
+    engine: str,
+    prepared: Prepared,
+    epochs: int,
+    seed: int,
+    request: ExperimentRequest,
+    pipeline: Pipeline,
+) -> dict[str, Any]:
+    """One run of ``engine`` on ``seed``: a row of the table."""
+    if engine == "horovod":
+        trained, run = _horovod(prepared, epochs, seed, request, pipeline)
+        return {
+            **_row("horovod", seed, trained["epoch_seconds"], run),
+            "step_ms": horovod_step_ms(trained),
+            "test_accuracy": trained["test_accuracy"],
+            "test_rows": trained["test_rows"],
+            "steps_per_epoch": trained["steps_per_epoch"],
+            "model_version": f"{trained['model_name']}@{trained['version']}",
+        }
+    ray, run = _ray(prepared, epochs, seed, request, pipeline)
+    return {
+        **_row("ray", seed, ray["epoch_seconds"], run),
+        "step_ms": _step_ms(ray["step_seconds_by_epoch"], ray["steps_by_epoch"]),
+        "test_accuracy": ray["test_accuracy"],
+        "test_rows": ray["test_rows"],
+        "steps_per_epoch": ray["steps_per_epoch"],
+        "ray_version": ray["ray_version"],
+        "seconds_with_cluster": ray["seconds_with_cluster"],
+    }
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -278,11 +286,18 @@ def _reading(result: dict[str, Any]) -> str:
     def ratio(key: str) -> str:
         return f"{ray[key]['mean'] / horovod[key]['mean']:.2f}"
 
+    load = {
+        e: statistics.fmean(r["load_average"][0] for r in result["rows"] if r["engine"] == e)
+        for e in ENGINES
+    }
     accuracy = ray["test_accuracy"]["mean"] - horovod["test_accuracy"]["mean"]
     widest = max(s["test_accuracy"]["max"] - s["test_accuracy"]["min"] for s in (horovod, ray))
     return f"""- Ray Train ÷ Horovod, means over the seeds: ms per step {ratio("step_ms")}, seconds
   per epoch {ratio("seconds_per_epoch")}, bytes over the loopback {ratio("loopback_bytes")},
   CPU-seconds {ratio("cpu_seconds")}, wall seconds of the whole run {ratio("wall_seconds")}.
+  The machine is shared: the 1-minute load average at the end of the runs was
+  {load["horovod"]:.1f} (Horovod's) and {load["ray"]:.1f} (Ray's), means over the seeds, on
+  {result["cores"]} cores. Times move with it; bytes do not, and CPU-seconds less.
 - Test accuracy: Ray minus Horovod {accuracy:+.4f}, beside a spread over the seeds of up to
   {widest:.4f} within one engine.
 - Bytes: two workers exchanging the CNN's gradients (about 0.9 MB of float32) once a step; a
@@ -362,7 +377,8 @@ data: {result["source"]}): with `shardflow train --np 2` (horovodrun, Gloo allre
 Ray {ray_version} Train's `TensorflowTrainer` (MultiWorkerMirroredStrategy, gRPC collectives)
 on a local Ray cluster (a head on 127.0.0.1 with one CPU per worker, no dashboard). Both:
 {result["epochs"]} epochs, batch {result["batch_size"]} per worker, the same steps per epoch,
-Adam at 0.001 x workers. Each figure is the mean over {seeds} seed(s), (min to max) beside it.
+Adam at 0.001 x workers. Each figure is the mean over {seeds} seed(s), (min to max) beside it;
+the engines ran alternately, which one first alternating from seed to seed.
 
 {table}
 
@@ -420,8 +436,7 @@ Ray: the newest release whose Train still trains TensorFlow/Keras 2 here is pinn
 optional `ray` extra (docs/STACK.md says which and why).
 
 Load average at the end: {" / ".join(f"{x:.2f}" for x in result["load_average"])} on
-{result["cores"]} cores (a shared machine: absolute times mean little; the two engines ran
-alternately, seed by seed).
+{result["cores"]} cores (a shared machine: absolute times mean little).
 
 ```
 shardflow experiment horovod-vs-ray --out docs/results/horovod-vs-ray
