@@ -36,7 +36,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (TensorFlow 2.15 supports 3.9-3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip==24.3.1" wheel
-	$(PIP) install --quiet -c requirements/lock.txt -e ".[dev,bench]"
+	$(PIP) install --quiet -c requirements/lock.txt -e ".[dev,bench,ray]"
 	$(PIP) install --quiet -c requirements/lock.txt cmake
 	$(PY) -c "import horovod.tensorflow" 2>/dev/null || \
 		$(HOROVOD_ENV) $(PIP) install --quiet --no-build-isolation -c requirements/lock.txt \
