@@ -4,7 +4,6 @@ Its refusals are one line each, and no JVM, Spark worker or rank outlives a kill
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -18,6 +17,8 @@ from tests.e2e.test_processes import (
     SHARDFLOW,
     cmdline,
     command_env,
+    home,
+    processed_home,
     processes_of,
     started,
     stderr_of,
@@ -26,34 +27,9 @@ from tests.e2e.test_processes import (
 
 pytestmark = pytest.mark.e2e
 
+__all__ = ["home", "processed_home"]  # the fixtures, for this module
+
 SPARK = ("--launcher", "spark", "--spark-master", "local[2]", "--np", "2")
-
-
-@pytest.fixture(scope="module")
-def processed_home(fashion_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home with the Fashion-MNIST subset ingested and preprocessed; each test trains on a
-    copy of it."""
-    base = tmp_path_factory.mktemp("processed")
-    home = base / "home"
-    for args in (
-        ["ingest", "fashion-mnist", "--source", str(fashion_subset)],
-        ["preprocess", "fashion-mnist"],
-    ):
-        done = subprocess.run(
-            [SHARDFLOW, *args],
-            env=command_env(home, base / "prefect"),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    return home
-
-
-@pytest.fixture
-def home(processed_home: Path, shardflow_home: Path) -> Path:
-    shutil.copytree(processed_home, shardflow_home)
-    return shardflow_home
 
 
 def test_spark_trains_both_ranks_on_their_own_row_groups_and_commits_the_model(
