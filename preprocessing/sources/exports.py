@@ -15,8 +15,10 @@ url (a local path or any fsspec URL) ── read once, streaming; every byte rea
     ▼
 out (renamed whole) + a small dict of digests and counts for the driver to commit
 
-Parallelism comes from running many of these tasks at once (one per input file, on single-
-threaded Dask workers), so nothing here starts threads of its own.
+Parallelism comes from running many of these tasks at once (one per input file): on single-
+threaded Dask workers, or, for CSV on one machine, on threads of the command's process (the
+CSV parser, the Parquet writer and hashlib release the GIL); nothing here starts threads of
+its own.
 """
 
 from __future__ import annotations
@@ -813,6 +815,9 @@ class ExportsJob:
                 fn=convert_task,
                 args=(item, number, str(work)),
                 bytes=item.size or 0,
+                # Arrow's CSV parser and Parquet writer and hashlib release the GIL; astropy's
+                # FITS and VOTable conversion holds it.
+                threads=_format(item.url) == "csv",
             )
             for number, item in enumerate(self.inputs, start=1)
             if item.stamp not in self.earlier
