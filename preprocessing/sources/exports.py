@@ -30,6 +30,7 @@ import math
 import os
 import re
 import secrets
+import struct
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -101,6 +102,10 @@ _CONVERSION_ERROR = re.compile(
 )
 _ROW_ERROR = re.compile(r"Row #(\d+): Expected (\d+) columns, got (\d+)(?:: (.*))?", re.DOTALL)
 _FLOATLIKE = re.compile(r"[-+]?[0-9]*\.?[0-9]*[eE.][-+]?[0-9]*")
+# Built from its bytes: pyarrow checks every Python value it converts (pa.scalar(math.nan),
+# pc.equal(column, "text")) for a pandas object, which imports pandas (0.17 CPU-s) into a
+# command that never uses it.
+_NAN = pa.Array.from_buffers(pa.float64(), 1, [None, pa.py_buffer(struct.pack("<d", math.nan))])[0]
 
 
 def output_schema(schema: Mapping[str, str]) -> pa.Schema:
@@ -375,7 +380,7 @@ def _typed_batch(
             if kind == UINT64:
                 row = first_row + pc.index(column.is_null(), True).as_py()
                 raise SourceError(f"{where}: {name} in row {row} is empty, not a uint64")
-            column = column.fill_null(math.nan)
+            column = column.fill_null(_NAN)
         arrays.append(column)
     return pa.RecordBatch.from_arrays(arrays, schema=target)
 
@@ -527,8 +532,9 @@ class _RowGroupWriter:
 
     def add(self, batch: pa.RecordBatch) -> None:
         if "provenance" in batch.schema.names:
-            synthetic = pc.sum(pc.equal(batch.column("provenance"), "synthetic")).as_py()
-            self.synthetic_rows += synthetic or 0
+            # value_counts, not equal(column, "synthetic"): see _NAN.
+            counts = pc.value_counts(batch.column("provenance")).to_pylist()
+            self.synthetic_rows += sum(c["counts"] for c in counts if c["values"] == "synthetic")
         self._held.append(batch)
         self._held_rows += batch.num_rows
         while self._held_rows >= ROW_GROUP_ROWS:
