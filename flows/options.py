@@ -222,7 +222,8 @@ def _config_flags() -> dict[str, tuple[type[Any], tuple[Flag, ...]]]:
                     type=whole_number,
                     metavar="BYTES",
                     help="a job whose first pass reads at most this many bytes runs in this "
-                    "process instead of starting a LocalCluster (the same files); 0: always "
+                    "process instead of starting a LocalCluster (the same files); a larger "
+                    "ingest of CSV exports runs on --workers threads of this process; 0: always "
                     "start one",
                     default_help="67108864 (64 MiB)",
                 ),

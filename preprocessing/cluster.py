@@ -30,6 +30,7 @@ from preprocessing.driver import (
     Runner,
     SerialRunner,
     TaskSpec,
+    ThreadRunner,
     plain_submit,
 )
 
@@ -423,16 +424,19 @@ class PlannedRunner:
     """Starts nothing until the job's first pass is planned: a first pass that reads at most
     ``config.in_process_bytes`` (a LocalCluster only) runs the whole job in this process, one
     task after the other (the same files: the tasks are the same functions); a larger one
-    starts the cluster ``config`` describes, which then runs every pass."""
+    whose tasks all release the GIL (:attr:`TaskSpec.threads`: the ingest of CSV exports)
+    runs on ``config.workers`` threads of this process; any other starts the cluster
+    ``config`` describes, which then runs every pass. ``in_process_bytes`` 0 always starts
+    the cluster."""
 
     def __init__(self, config: ClusterConfig, progress: Progress, stack: ExitStack) -> None:
         self._config = config
         self._progress = progress
         self._stack = stack
-        self._runner: Runner | SerialRunner | None = None
+        self._runner: Runner | SerialRunner | ThreadRunner | None = None
         self._in_process_cpu = 0.0
 
-    def _choose(self, tasks: Sequence[TaskSpec]) -> Runner | SerialRunner:
+    def _choose(self, tasks: Sequence[TaskSpec]) -> Runner | SerialRunner | ThreadRunner:
         planned = sum(spec.bytes for spec in tasks)
         local = self._config.scheduler is None and self._config.cluster == "local"
         if local and planned <= self._config.in_process_bytes:
@@ -441,6 +445,15 @@ class PlannedRunner:
                 "no cluster started"
             )
             return SerialRunner()
+        if local and self._config.in_process_bytes and all(spec.threads for spec in tasks):
+            # Worker processes would only add their start and imports (about 1.5 CPU-s for
+            # two): these tasks run in parallel on threads (docs/preprocessing.md, "Ingest").
+            threads = min(self._config.workers, len(tasks))
+            self._progress(
+                f"{len(tasks)} tasks reading {planned / 2**20:,.0f} MiB: on {threads} threads "
+                "of this process, no cluster started"
+            )
+            return ThreadRunner(threads)
         return self._stack.enter_context(dask_runner(self._config, self._progress))
 
     def run(
@@ -467,6 +480,7 @@ class PlannedRunner:
         driver's)."""
         if isinstance(self._runner, Runner):
             return self._runner.usage()
+        # Threads or one after the other: the CPU of this process while its tasks ran.
         return {"workers": 0, "peak_rss_bytes": [], "cpu_seconds": round(self._in_process_cpu, 3)}
 
 

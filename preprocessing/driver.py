@@ -15,7 +15,8 @@ in the job's folder, and their results, into one catalog version:
 
 How tasks run is an argument, a :data:`RunnerFactory`: a :class:`Runner` around a Dask client
 (:mod:`preprocessing.cluster` starts or reaches the cluster; the Prefect flows hand in Prefect's
-Dask client so that every task is a task run), or :class:`SerialRunner` in this process.
+Dask client so that every task is a task run), or :class:`SerialRunner` in this process, or
+:class:`ThreadRunner` on threads of this process for tasks that release the GIL.
 Nothing here starts a cluster or imports Prefect.
 """
 
@@ -53,6 +54,10 @@ class TaskSpec:
     """Rows the task handles, as planned (for progress)."""
     bytes: int = 0
     """Input bytes the task reads, as planned (for progress)."""
+    threads: bool = False
+    """``fn`` spends nearly all its time where the GIL is released (Arrow's CSV parser and
+    Parquet writer, hashlib): on one machine such tasks may run on threads of the command's
+    process (:class:`ThreadRunner`) instead of a cluster's worker processes."""
 
 
 class Job(Protocol):
@@ -415,6 +420,34 @@ class SerialRunner:
             results.append(result)
             on_done(index, result)
         return results
+
+
+class ThreadRunner:
+    """Runs tasks on ``threads`` threads of this process, for tasks that release the GIL
+    (:attr:`TaskSpec.threads`): no cluster to start, no worker to import the code again.
+
+    A failed task's error is raised once the tasks already running have ended (each leaves
+    its file whole or absent); the tasks not yet started are cancelled."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def run(
+        self, tasks: Sequence[TaskSpec], *, run_key: str, on_done: Callable[[int, Result], None]
+    ) -> list[Result]:
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        results: dict[int, Result] = {}
+        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix=run_key[:40])
+        try:
+            futures = {pool.submit(spec.fn, *spec.args): i for i, spec in enumerate(tasks)}
+            for future in as_completed(futures):
+                index = futures[future]
+                results[index] = future.result()
+                on_done(index, results[index])
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return [results[index] for index in range(len(tasks))]
 
 
 class TaskRunner(Protocol):

@@ -15,8 +15,10 @@ url (a local path or any fsspec URL) ── read once, streaming; every byte rea
     ▼
 out (renamed whole) + a small dict of digests and counts for the driver to commit
 
-Parallelism comes from running many of these tasks at once (one per input file, on single-
-threaded Dask workers), so nothing here starts threads of its own.
+Parallelism comes from running many of these tasks at once (one per input file): on single-
+threaded Dask workers, or, for CSV on one machine, on threads of the command's process (the
+CSV parser, the Parquet writer and hashlib release the GIL); nothing here starts threads of
+its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import math
 import os
 import re
 import secrets
+import struct
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -99,6 +102,10 @@ _CONVERSION_ERROR = re.compile(
 )
 _ROW_ERROR = re.compile(r"Row #(\d+): Expected (\d+) columns, got (\d+)(?:: (.*))?", re.DOTALL)
 _FLOATLIKE = re.compile(r"[-+]?[0-9]*\.?[0-9]*[eE.][-+]?[0-9]*")
+# Built from its bytes: pyarrow checks every Python value it converts (pa.scalar(math.nan),
+# pc.equal(column, "text")) for a pandas object, which imports pandas (0.17 CPU-s) into a
+# command that never uses it.
+_NAN = pa.Array.from_buffers(pa.float64(), 1, [None, pa.py_buffer(struct.pack("<d", math.nan))])[0]
 
 
 def output_schema(schema: Mapping[str, str]) -> pa.Schema:
@@ -373,7 +380,7 @@ def _typed_batch(
             if kind == UINT64:
                 row = first_row + pc.index(column.is_null(), True).as_py()
                 raise SourceError(f"{where}: {name} in row {row} is empty, not a uint64")
-            column = column.fill_null(math.nan)
+            column = column.fill_null(_NAN)
         arrays.append(column)
     return pa.RecordBatch.from_arrays(arrays, schema=target)
 
@@ -525,8 +532,9 @@ class _RowGroupWriter:
 
     def add(self, batch: pa.RecordBatch) -> None:
         if "provenance" in batch.schema.names:
-            synthetic = pc.sum(pc.equal(batch.column("provenance"), "synthetic")).as_py()
-            self.synthetic_rows += synthetic or 0
+            # value_counts, not equal(column, "synthetic"): see _NAN.
+            counts = pc.value_counts(batch.column("provenance")).to_pylist()
+            self.synthetic_rows += sum(c["counts"] for c in counts if c["values"] == "synthetic")
         self._held.append(batch)
         self._held_rows += batch.num_rows
         while self._held_rows >= ROW_GROUP_ROWS:
@@ -813,6 +821,9 @@ class ExportsJob:
                 fn=convert_task,
                 args=(item, number, str(work)),
                 bytes=item.size or 0,
+                # Arrow's CSV parser and Parquet writer and hashlib release the GIL; astropy's
+                # FITS and VOTable conversion holds it.
+                threads=_format(item.url) == "csv",
             )
             for number, item in enumerate(self.inputs, start=1)
             if item.stamp not in self.earlier

@@ -55,3 +55,56 @@ def test_a_small_job_runs_in_process_and_writes_what_a_cluster_writes(
         assert _digests(homes["in_process"], name) == _digests(homes["cluster"], name)
     assert "no cluster started" in results["in_process"][1].stderr
     assert "no cluster started" not in results["cluster"][1].stderr
+
+
+def test_csv_exports_above_the_bound_convert_on_threads_as_a_cluster_would(
+    shardflow: Callable[..., Result], tmp_path: Path
+) -> None:
+    # Past --in-process-below, CSV exports convert on threads of the command's process (their
+    # parser and writer release the GIL): no cluster, and the same version as on one.
+    exports = tmp_path / "exports"
+    _ok(shardflow("synth", "sdss", "--rows", "30000", "--files", "3", "--out", str(exports)))
+    runs = {}
+    for way, bound in (("threads", "1"), ("cluster", "0")):
+        runs[way] = _ok(
+            shardflow(
+                *("ingest", "sdss", "--source", str(exports), "-v", "--json", "--workers", "2"),
+                *("--in-process-below", bound),
+                home=tmp_path / way,
+            )
+        )
+    assert "3 tasks reading 11 MiB: on 2 threads of this process, no cluster started" in (
+        runs["threads"].stderr
+    )
+    assert runs["threads"].json["resources"]["workers"] == 0
+    assert runs["cluster"].json["resources"]["workers"] == 2
+    assert runs["threads"].json["version"] == runs["cluster"].json["version"]
+    assert _digests(tmp_path / "threads", "sdss") == _digests(tmp_path / "cluster", "sdss")
+
+
+def test_a_bad_export_among_threads_is_refused_in_one_line(
+    shardflow: Callable[..., Result], tmp_path: Path
+) -> None:
+    exports = tmp_path / "exports"
+    _ok(shardflow("synth", "sdss", "--rows", "40000", "--files", "4", "--out", str(exports)))
+    bad = sorted(exports.glob("*.csv"))[0]
+    lines = bad.read_text().splitlines(keepends=True)
+    fields = lines[5].split(",")
+    fields[0] = "1.2376458768612728e+18"  # an id a spreadsheet turned into a float
+    lines[5] = ",".join(fields)
+    bad.write_text("".join(lines))
+    home = tmp_path / "home"
+    run = shardflow(
+        *("ingest", "sdss", "--source", str(exports), "--workers", "2"),
+        *("--in-process-below", "1"),
+        home=home,
+    )
+    assert run.returncode != 0
+    error = run.stderr.strip().splitlines()
+    assert error == [
+        f"shardflow: error: {bad}: objid in row 5 is '1.2376458768612728e+18', not a uint64; "
+        "64-bit ids lose digits as floats, re-export them as bigint or text"
+    ], run.stderr
+    assert Catalog(home / "catalog").names() == []
+    # Nothing half-written: the files the other threads finished stay for a rerun, whole.
+    assert not list(home.rglob("*.partial"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from preprocessing.driver import (
     Results,
     Runner,
     TaskSpec,
+    ThreadRunner,
     run_job,
     serial_runner,
 )
@@ -266,3 +268,50 @@ def test_a_refused_run_leaves_no_empty_work_folder(tmp_path: Path) -> None:
             work_root=work_root,
         )
     assert [p.name for p in job_dir(work_root, job).iterdir()] == ["count-000.json"]
+
+
+def later_first_task(number: int) -> Result:
+    """Finishes sooner the higher its number."""
+    time.sleep(0.25 * (4 - number))
+    return {"number": number}
+
+
+def test_threads_run_every_pass_and_commit_what_the_serial_runner_commits(tmp_path: Path) -> None:
+    versions = {}
+    for way, runner in (
+        ("threads", lambda: contextlib.nullcontext(ThreadRunner(2))),
+        ("serial", serial_runner),
+    ):
+        manifest = run_job(Catalog(tmp_path / way / "catalog"), CountJob(size=9), runner=runner)
+        versions[way] = (manifest.version, manifest.statistics, manifest.content_digest())
+    assert versions["threads"] == versions["serial"]
+    assert versions["threads"][1] == {"sum": 36}
+
+
+def test_threads_give_results_in_task_order_and_report_each_as_it_ends() -> None:
+    finished: list[int] = []
+    results = ThreadRunner(4).run(
+        [TaskSpec(key=f"late-{n}", fn=later_first_task, args=(n,)) for n in range(4)],
+        run_key="late",
+        on_done=lambda index, _result: finished.append(index),
+    )
+    assert results == [{"number": n} for n in range(4)]
+    assert finished == [3, 2, 1, 0]
+
+
+def test_a_failing_task_on_threads_stops_the_run_and_commits_nothing(tmp_path: Path) -> None:
+    catalog = Catalog(tmp_path / "catalog")
+    done: list[int] = []
+    with pytest.raises(ShardflowError, match="input 3 is broken"):
+        ThreadRunner(1).run(
+            [TaskSpec(key=f"fail-{n}", fn=failing_task, args=(n,)) for n in range(12)],
+            run_key="fail",
+            on_done=lambda index, _result: done.append(index),
+        )
+    # One thread: the tasks after the broken one were cancelled, not run.
+    assert done == [0, 1, 2]
+    with pytest.raises(ShardflowError, match="input 3 is broken"):
+        run_job(
+            catalog, FailingJob(size=12), runner=lambda: contextlib.nullcontext(ThreadRunner(2))
+        )
+    assert catalog.names() == []

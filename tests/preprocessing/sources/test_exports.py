@@ -3,6 +3,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -125,6 +127,31 @@ def test_empty_nan_inf_float_cells_kept(tmp_path: Path) -> None:
     values = pq.read_table(tmp_path / "f.parquet").column("petroMag_u").to_pylist()
     assert [math.isnan(v) for v in values] == [True, True, True, False, False, True]
     assert values[3:5] == [math.inf, -math.inf]
+
+
+def test_converting_imports_no_pandas(tmp_path: Path, synthetic: dict[str, Path]) -> None:
+    # pyarrow imports pandas (0.17 CPU-s) to check a Python value it is handed (pa.scalar,
+    # pc.equal(column, "text")); ingest converts with none: empty float cells and synth's
+    # provenance column on the way.
+    lines = _lines(3)
+    parts = lines[0].split(",")
+    parts[NAMES.index("petroMag_u")] = ""
+    lines[0] = ",".join(parts)
+    empty = write_csv(tmp_path / "f.csv", lines)
+    script = (
+        "import sys\n"
+        "from preprocessing.sources.exports import convert_export\n"
+        "for n, path in enumerate(sys.argv[1:]):\n"
+        "    convert_export(path, f'{path}.{n}.parquet')\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(empty), str(synthetic["csv"])],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "False"
 
 
 def test_sentinels_and_text_kept(tmp_path: Path) -> None:
