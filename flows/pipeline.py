@@ -24,8 +24,10 @@ library calls; the libraries never import Prefect.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -126,15 +128,16 @@ def ingest_flow(
     watch = StageWatch(
         _key(dataset, "ingest"), f"listing {source or dataset}", lambda state: state.fraction
     )
-    result = stages.ingest(
-        settings,
-        catalog,
-        entry,
-        IngestRequest(source=source, skyserver=skyserver or SkyServerOptions()),
-        runner=PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info),
-        progress=get_run_logger().info,
-        on_progress=watch,
-    )
+    with _skyserver_slot(entry, source):
+        result = stages.ingest(
+            settings,
+            catalog,
+            entry,
+            IngestRequest(source=source, skyserver=skyserver or SkyServerOptions()),
+            runner=PassRuns(cluster or ClusterConfig(), watch, get_run_logger().info),
+            progress=get_run_logger().info,
+            on_progress=watch,
+        )
     manifest = catalog.get(result.dataset, result.version)
     watch.finish(f"{len(manifest.files)} files, {manifest.rows:,} rows checked")
     if _found(manifest, started):
@@ -148,6 +151,30 @@ def ingest_flow(
         description=f"{dataset}@{manifest.version}: " + _files_shown(manifest, "the fetched files"),
     )
     return result.to_json()
+
+
+# The global concurrency limit (created by `shardflow deploy`) of which every SkyServer ingest
+# holds one slot while it queries: SkyServer is a shared public service, and flow runs on many
+# workers must not add their queries up. Each ingest's own queries in flight stay its
+# `skyserver.concurrency`.
+SKYSERVER_LIMIT = "skyserver"
+
+
+def _skyserver_slot(entry: Dataset, source: str | None) -> AbstractContextManager[None]:
+    """A slot of :data:`SKYSERVER_LIMIT` while an ingest queries SkyServer (sdss without a
+    ``source``: preprocessing.datasets' SDSS ingest); nothing for any other ingest.
+
+    Not strict: on a server without the limit (a local run, the test harness, a server
+    `shardflow deploy` never set up) Prefect logs "Concurrency limits ['skyserver'] do not
+    exist - skipping acquisition." in the flow run and the ingest goes on. Refusing there
+    would make every SkyServer ingest depend on a deploy step that only scheduled runs need.
+    The slot's lease is renewed while it is held, and released when the ingest ends or fails.
+    """
+    if entry.name != "sdss" or source is not None:
+        return contextlib.nullcontext()
+    from prefect.concurrency.sync import concurrency
+
+    return concurrency(SKYSERVER_LIMIT, occupy=1, strict=False)
 
 
 # A table artifact lists at most this many files: the API stores it and the UI downloads it
@@ -274,19 +301,54 @@ def train_flow(
     home: str | None = None,
     config: TrainConfig | None = None,
     launch: LaunchConfig | None = None,
+    timeout_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Train on the latest processed version with horovodrun, where and how ``launch`` says;
-    commit the model (the dataset's default model unless ``config`` names one)."""
+    commit the model (the dataset's default model unless ``config`` names one). With
+    ``timeout_seconds``, training that runs longer fails, horovodrun and its ranks stopped."""
     started = datetime.now(UTC)
+    if timeout_seconds is not None and not timeout_seconds > 0:
+        raise ShardflowError(
+            f"timeout_seconds {timeout_seconds!r} must be a positive number of seconds"
+        )
     settings, catalog, entry = _start(dataset, home)
     config = stages.with_default_model(entry, config or TrainConfig())
     assert config.model is not None  # with_default_model resolves it
     on_epoch = input_by_epoch_table(model_name(entry.name, config.model), get_run_logger().info)
-    result = train_task(settings, catalog, entry, config, launch or LaunchConfig(), on_epoch)
+    result = _train_within(
+        timeout_seconds, settings, catalog, entry, config, launch or LaunchConfig(), on_epoch
+    )
     if not _found(catalog.get(result.model_name, result.version), started):
         _train_artifacts(result)
         _input_artifacts(result)
     return result.to_json()
+
+
+def _train_within(
+    timeout_seconds: float | None,
+    settings: Settings,
+    catalog: Catalog,
+    entry: Dataset,
+    config: TrainConfig,
+    launch: LaunchConfig,
+    on_epoch: OnEpoch,
+) -> TrainResult:
+    """:func:`train_task` under Prefect's task timeout. In the flow run's main thread (a
+    worker's flow run, the CLI) Prefect's timeout is SIGALRM, which interrupts the launcher's
+    wait on horovodrun's output at once; the launcher then stops horovodrun and its ranks
+    (``training.launcher.run_ranks`` on any exception) before the timeout goes on. In another
+    thread Prefect can only raise it there at the next line horovodrun prints."""
+    from prefect.task_engine import TaskRunTimeoutError
+
+    try:
+        return train_task.with_options(timeout_seconds=timeout_seconds)(
+            settings, catalog, entry, config, launch, on_epoch
+        )
+    except TaskRunTimeoutError as exc:
+        raise ShardflowError(
+            f"training stopped after its timeout of {timeout_seconds:g} s (timeout_seconds): "
+            "horovodrun and its ranks were stopped, no model committed"
+        ) from exc
 
 
 def input_by_epoch_table(model: str, progress: stages.Progress) -> OnEpoch:
@@ -410,9 +472,10 @@ def pipeline(
     options: JobOptions | None = None,
     train: TrainConfig | None = None,
     launch: LaunchConfig | None = None,
+    train_timeout_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Ingest → preprocess → train, each a flow run of its own under this one, on the same
-    ``home`` and Dask ``cluster``."""
+    ``home`` and Dask ``cluster``; training fails after ``train_timeout_seconds`` if given."""
     # Before any stage's flow run: an unknown dataset or an unusable home fails here. The
     # stages' flow runs get (and record) the same resolved home and cluster.
     settings, _entry = _flow_run_edge(dataset, home)
@@ -425,7 +488,13 @@ def pipeline(
         preprocess_flow(dataset=dataset, home=home, cluster=cluster, options=options)
     )
     trained = TrainResult.from_json(
-        train_flow(dataset=dataset, home=home, config=train, launch=launch)
+        train_flow(
+            dataset=dataset,
+            home=home,
+            config=train,
+            launch=launch,
+            timeout_seconds=train_timeout_seconds,
+        )
     )
     return PipelineResult(
         trained=trained,

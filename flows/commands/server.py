@@ -205,7 +205,10 @@ def cmd_deploy(ctx: Context, args: argparse.Namespace) -> int:
         _prefect("work-pool", "create", POOL, "--type", "process")
         ctx.progress(f"created work pool {POOL}")
     _prefect("deploy", "--all", "--prefect-file", "deploy/prefect.yaml")
+    _create_skyserver_limit(ctx)
     from prefect.client.orchestration import get_client
+
+    from flows.pipeline import SKYSERVER_LIMIT
 
     with get_client(sync_client=True) as client:
         flow_names = {f.id: f.name for f in client.read_flows()}
@@ -215,11 +218,31 @@ def cmd_deploy(ctx: Context, args: argparse.Namespace) -> int:
             if flow_names.get(d.flow_id, "").startswith("shardflow-")
         )
     ctx.emit(
-        {"work_pool": POOL, "deployments": names},
+        {"work_pool": POOL, "deployments": names, "global_concurrency_limits": [SKYSERVER_LIMIT]},
         [f"deployed {name}" for name in names]
         + [f"start a worker: prefect worker start --pool {POOL}"],
     )
     return 0
+
+
+def _create_skyserver_limit(ctx: Context) -> None:
+    """The global concurrency limit every flow run's SkyServer ingest holds a slot of
+    (:data:`flows.pipeline.SKYSERVER_LIMIT`); one an operator already set is kept as it is."""
+    from flows.pipeline import SKYSERVER_LIMIT
+
+    existing = _prefect("global-concurrency-limit", "inspect", SKYSERVER_LIMIT, check=False)
+    if existing.returncode != 0:
+        _prefect(
+            "global-concurrency-limit", "create", SKYSERVER_LIMIT, "--limit", str(SKYSERVER_SLOTS)
+        )
+        ctx.progress(
+            f"created global concurrency limit {SKYSERVER_LIMIT} ({SKYSERVER_SLOTS} SkyServer "
+            "ingest at a time)"
+        )
+
+
+# SkyServer is a shared public service: one ingest from it at a time, across every flow run.
+SKYSERVER_SLOTS = 1
 
 
 def register(commands: Any, common: argparse.ArgumentParser) -> None:

@@ -304,3 +304,103 @@ def test_the_train_stage_publishes_a_version_of_the_input_table_per_epoch(
         [(3, 0), (3, 1)],
     ]
     assert tables[-1][1]["flags"] == "input-bound, slowest"
+
+
+def test_a_skyserver_ingest_waits_for_a_slot_of_the_skyserver_limit(
+    harness: str, tmp_path: Path
+) -> None:
+    """Another flow run holds the one slot of `skyserver`: this run's ingest asks SkyServer
+    nothing until that slot is released, then ingests."""
+    import threading
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.concurrency.sync import concurrency
+
+    from flows.pipeline import SKYSERVER_LIMIT, ingest_flow
+    from preprocessing.datasets import SkyServerOptions
+    from tests.preprocessing.sources.skyserver_standin import StandIn, serve, synthetic_rows
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=SKYSERVER_LIMIT, limit=1)
+        )
+    outcome: dict[str, Any] = {}
+    try:
+        with serve(StandIn(synthetic_rows(900, seed=5), cap=2_000)) as server:
+
+            def ingest() -> None:
+                named = ingest_flow.with_options(flow_run_name="waits-for-skyserver")
+                outcome["state"] = named(
+                    dataset="sdss",
+                    home=str(tmp_path / "home"),
+                    skyserver=SkyServerOptions(url=server.url),
+                    cluster=ClusterConfig(workers=1),
+                    return_state=True,
+                )
+
+            with concurrency(SKYSERVER_LIMIT, occupy=1):
+                thread = threading.Thread(target=ingest)
+                thread.start()
+                # The run has started (its Dask cluster, then the slot it waits for).
+                deadline = time.monotonic() + 300
+                running = False
+                while not running and time.monotonic() < deadline and thread.is_alive():
+                    time.sleep(2)
+                    with get_client(sync_client=True) as client:
+                        runs = client.read_flow_runs(
+                            flow_run_filter=FlowRunFilter(
+                                name=FlowRunFilterName(any_=["waits-for-skyserver"])
+                            )
+                        )
+                    running = any(r.state_type.value == "RUNNING" for r in runs)
+                assert running, outcome
+                time.sleep(10)
+                asked_while_held = len(server.asked_at)
+                released_at = time.monotonic()
+            thread.join(timeout=600)
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_global_concurrency_limit_by_name(SKYSERVER_LIMIT)
+    assert asked_while_held == 0
+    assert outcome["state"].is_completed(), outcome["state"].message
+    assert min(server.asked_at) > released_at
+    assert outcome["state"].result()["rows"] == 900
+
+
+def test_a_train_past_its_timeout_fails_in_one_line_and_leaves_no_rank(
+    harness: str, tmp_path: Path
+) -> None:
+    import psutil
+
+    from flows.pipeline import preprocess_flow, train_flow
+    from tests.conftest import ingest_random_mnist
+
+    home = tmp_path / "home"
+    home.mkdir()
+    ingest_random_mnist(home, train_rows=3_000, seed=3)
+    assert preprocess_flow(dataset="mnist", home=str(home), cluster=ClusterConfig(workers=1))
+    state = train_flow(
+        dataset="mnist",
+        home=str(home),
+        config=TrainConfig(num_ranks=2, epochs=50, batch_size=8),
+        timeout_seconds=30,
+        return_state=True,
+    )
+    assert state.is_failed()
+    message = str(state.message)
+    assert "training stopped after its timeout of 30 s (timeout_seconds)" in message
+    assert "\n" not in message
+    run = recorded(state.state_details.flow_run_id)
+    (horovodrun,) = [t for name, t in run["task_runs"].items() if name.startswith("horovodrun")]
+    assert horovodrun.state.name == "TimedOut"
+    # horovodrun was started, and neither it nor any rank outlives the flow run.
+    assert any(log.message.startswith("$ ") for log in run["logs"])
+    left = [
+        p.cmdline()
+        for p in psutil.Process().children(recursive=True)
+        if any("training.worker" in a or "horovodrun" in a for a in p.cmdline())
+    ]
+    assert left == []

@@ -198,6 +198,40 @@ def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
         shutil.copy(artifacts_shot, DOCS_SCREENSHOT.with_name("prefect-artifacts.png"))
 
 
+def test_deploy_limits_scheduled_runs_to_one_and_skyserver_to_one_ingest(
+    prefect_server: str,
+    shardflow: Callable[..., Result],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the server reports them: each scheduled deployment runs one flow run at a time (a
+    night waits for the last one), the on-demand ones are unlimited; the global limit
+    `skyserver` has 1 slot, and a second deploy keeps a limit an operator changed."""
+    monkeypatch.setenv("PREFECT_API_URL", f"{prefect_server}/api")
+    deployed = shardflow("deploy", "--json")
+    assert deployed.returncode == 0, deployed.stderr[-3000:]
+    assert deployed.json["global_concurrency_limits"] == ["skyserver"]
+    flows = {f["id"]: f["name"] for f in api(prefect_server, "/flows/filter")}
+    limits = {
+        f"{flows[d['flow_id']]}/{d['name']}": (d["global_concurrency_limit"] or {}).get("limit")
+        for d in api(prefect_server, "/deployments/filter")
+        if flows[d["flow_id"]].startswith("shardflow-")
+    }
+    assert limits == {
+        "shardflow-pipeline/nightly-sdss": 1,
+        "shardflow-ingest/nightly": 1,
+        "shardflow-catalog-verify/nightly": 1,
+        "shardflow-pipeline/weekly": 1,
+        "shardflow-preprocess/on-demand": None,
+        "shardflow-train/on-demand": None,
+    }
+    url = f"{prefect_server}/api/v2/concurrency_limits/skyserver"
+    skyserver = httpx.get(url, timeout=30).json()
+    assert (skyserver["limit"], skyserver["active"]) == (1, True)
+    httpx.patch(url, json={"limit": 3}, timeout=30).raise_for_status()
+    assert shardflow("deploy", "--json").returncode == 0
+    assert httpx.get(url, timeout=30).json()["limit"] == 3
+
+
 def test_deployment_runs_on_its_schedule_under_a_worker(
     prefect_server: str,
     shardflow: Callable[..., Result],
