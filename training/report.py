@@ -5,9 +5,12 @@
                                 └► raw manifest (files, rows, bytes)
                                         │
                                         ▼
-                              render_html(): tables, flags (summarize() again, with
-                              today's thresholds), each epoch's and rolling window's
-                              figures, a PNG bar chart per rank (base64, inline)
+                              render_html(): the figures as plain values (flags from
+                              summarize() again, with today's thresholds; each epoch's and
+                              rolling window's figures; a PNG bar chart per rank, base64)
+                                        │
+                                        ▼
+                              templates/report.html (jinja2, every value autoescaped)
                                         ─► report.html
 
 Everything comes from the catalog's manifests: the report of any committed version can be
@@ -17,12 +20,14 @@ written again, wherever its run folder went.
 from __future__ import annotations
 
 import base64
-import html
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import jinja2
+import markupsafe
 
 from data_catalog import Catalog, Manifest, ShardflowError
 from data_catalog.layout import ProcessedLayout
@@ -96,26 +101,9 @@ def rank_chart_png(input_by_rank: Sequence[dict[str, Any]]) -> bytes | None:
     return buffer.getvalue()
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _facts(rows: Sequence[Sequence[Any]]) -> str:
-    """A two-column table of names and values."""
-    body = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
-    return f'<table class="facts"><tbody>{body}</tbody></table>'
-
-
-def _ref(manifest: Manifest) -> str:
-    text = f"{manifest.name}@{manifest.version}"
-    return f'<code id="{html.escape(text)}">{html.escape(text)}</code>'
-
-
-def _raw_section(raw: Manifest | None) -> str:
+def _raw_view(raw: Manifest | None) -> dict[str, Any] | None:
     if raw is None:
-        return "<h2>Ingest</h2><p>the raw version is not in the catalog</p>"
+        return None
     total_bytes = sum(f.bytes for f in raw.files)
     run = _run_facts(raw)
     read = max((int(p.get("input_bytes", 0)) for p in run.get("passes", {}).values()), default=0)
@@ -127,17 +115,18 @@ def _raw_section(raw: Manifest | None) -> str:
         if seconds
         else "not recorded (ingested before runs were recorded)"
     )
-    rows: list[list[Any]] = [
-        ["version", _ref(raw)],
-        ["files", len(raw.files)],
-        ["rows", f"{raw.rows:,}"],
-        ["MB", f"{total_bytes / 1e6:.1f}"],
-        ["MB/s", rate],
-        ["tasks", _tasks(run)],
-        ["created", html.escape(str(raw.created))],
-        ["sources", "<br>".join(html.escape(str(s.get("uri", s))) for s in raw.sources)],
-    ]
-    return "<h2>Ingest</h2>" + _facts(rows)
+    return {
+        "ref": _ref(raw),
+        "facts": [
+            ("files", len(raw.files)),
+            ("rows", f"{raw.rows:,}"),
+            ("MB", f"{total_bytes / 1e6:.1f}"),
+            ("MB/s", rate),
+            ("tasks", _tasks(run)),
+            ("created", str(raw.created)),
+        ],
+        "sources": [str(s.get("uri", s)) for s in raw.sources],
+    }
 
 
 def _run_facts(manifest: Manifest) -> dict[str, Any]:
@@ -158,28 +147,31 @@ def _tasks(run: dict[str, Any]) -> str:
     )
 
 
-def _processed_section(processed: Manifest | None) -> str:
+def _ref(manifest: Manifest) -> str:
+    return f"{manifest.name}@{manifest.version}"
+
+
+def _processed_view(processed: Manifest | None) -> dict[str, Any] | None:
     if processed is None:
-        return "<h2>Preprocess</h2><p>the processed version is not in the catalog</p>"
+        return None
     layout = ProcessedLayout.of(processed)
-    rows: list[list[Any]] = [
-        ["version", _ref(processed)],
-        ["parent", html.escape(str(processed.parents[0])) if processed.parents else ""],
-        ["shards (files)", len(processed.files)],
-        ["rows", f"{processed.rows:,}"],
-        ["rows in", f"{layout.rows_in:,}"],
-        ["quarantined rows", f"{layout.quarantine.rows:,}" if layout.quarantine else "0"],
-        ["format", html.escape(layout.format)],
-        ["tasks", _tasks(_run_facts(processed))],
+    facts: list[tuple[str, Any]] = [
+        ("parent", str(processed.parents[0]) if processed.parents else ""),
+        ("shards (files)", len(processed.files)),
+        ("rows", f"{processed.rows:,}"),
+        ("rows in", f"{layout.rows_in:,}"),
+        ("quarantined rows", f"{layout.quarantine.rows:,}" if layout.quarantine else "0"),
+        ("format", layout.format),
+        ("tasks", _tasks(_run_facts(processed))),
     ]
-    rows += [
-        [
+    facts += [
+        (
             f"{name} split",
             f"{split.rows:,} rows, {split.num_row_groups} row groups of {split.rows_per_group}",
-        ]
+        )
         for name, split in layout.splits.items()
     ]
-    return "<h2>Preprocess</h2>" + _facts(rows)
+    return {"ref": _ref(processed), "facts": facts}
 
 
 def recorded_input_by_rank(model: Manifest) -> list[dict[str, Any]]:
@@ -189,19 +181,32 @@ def recorded_input_by_rank(model: Manifest) -> list[dict[str, Any]]:
     return list(metrics.get("input_by_rank") or [])
 
 
-def _ranks_section(model: Manifest, chart: bytes | None) -> str:
+RANK_HEADER = (
+    "rank",
+    "input rows/s",
+    "rows/s",
+    "batches/s",
+    "input-bound",
+    "mean step ms",
+    "max step ms",
+    "input ms/batch",
+    "MB read",
+    "row groups read",
+    "flags",
+)
+
+
+def _ranks_view(model: Manifest, chart: bytes | None) -> dict[str, Any] | None:
     input_by_rank = recorded_input_by_rank(model)
     if not input_by_rank:
-        return "<h2>Ranks</h2><p>no per-rank input metrics were recorded for this version</p>"
+        return None
     # The flags again from the records: a version trained before a threshold changed shows
     # today's judgement (the records, not the flags, are what was measured).
     summary = summarize(input_by_rank)
     flags = summary["flags"]
-    rows = []
-    for r in input_by_rank:
-        mine = flags.get(str(r["rank"]), [])
-        rows.append(
-            [
+    rows = [
+        {
+            "cells": [
                 r["rank"],
                 f"{r['input_rows_per_second']:,.0f}",
                 f"{r['rows_per_second']:,.0f}",
@@ -212,54 +217,37 @@ def _ranks_section(model: Manifest, chart: bytes | None) -> str:
                 f"{1000 * r['input_seconds_per_batch']:.1f}",
                 f"{r['bytes_read'] / 1e6:.1f}",
                 r["row_groups_read"],
-                " ".join(f'<span class="flag">{html.escape(f)}</span>' for f in mine) or "ok",
-            ]
-        )
+            ],
+            "flags": flags.get(str(r["rank"]), []),
+        }
+        for r in input_by_rank
+    ]
 
     def ratio(value: float | None) -> str:
         return f"{value:.2f}" if value is not None else "n/a"
 
-    picture = (
-        f'<img alt="per-rank input" src="data:image/png;base64,{base64.b64encode(chart).decode()}">'
-        if chart
-        else ""
-    )
-    return (
-        "<h2>Ranks</h2>"
-        f"<p>slowest rank: <b>{summary['slowest_rank']}</b>"
-        + ("" if summary["slowest_flagged"] else " (not flagged)")
-        + f"; input imbalance "
-        f"(slowest/fastest input time per batch) {ratio(summary['input_imbalance'])}; step "
-        f"imbalance (slowest/fastest mean step) {ratio(summary['step_imbalance'])}; a rank is "
-        f"input-bound above {100 * summary['input_bound_threshold']:.0f}%, slowest when its "
-        f"input time per batch is at least {summary['slowest_imbalance']:g} times the fastest "
-        f"rank's and it is at least {100 * summary['slowest_min_input_bound']:.0f}% "
-        f"input-bound, stalled when {summary['stall_steps']} of its steps took over "
-        f"{summary['stall_factor']:g} times the median step "
-        f"({1000 * summary['median_step_seconds']:.1f} ms) or one of them "
-        f"{summary['stall_seconds']:g} s or more</p>"
-        + _table(
-            [
-                "rank",
-                "input rows/s",
-                "rows/s",
-                "batches/s",
-                "input-bound",
-                "mean step ms",
-                "max step ms",
-                "input ms/batch",
-                "MB read",
-                "row groups read",
-                "flags",
-            ],
-            rows,
-        )
-        + picture
-        + _epochs_table(input_by_rank)
-    )
+    return {
+        "summary": {
+            "slowest_rank": summary["slowest_rank"],
+            "slowest_flagged": summary["slowest_flagged"],
+            "input_imbalance": ratio(summary["input_imbalance"]),
+            "step_imbalance": ratio(summary["step_imbalance"]),
+            "input_bound_percent": f"{100 * summary['input_bound_threshold']:.0f}",
+            "slowest_imbalance": f"{summary['slowest_imbalance']:g}",
+            "slowest_min_input_bound_percent": f"{100 * summary['slowest_min_input_bound']:.0f}",
+            "stall_steps": summary["stall_steps"],
+            "stall_factor": f"{summary['stall_factor']:g}",
+            "median_step_ms": f"{1000 * summary['median_step_seconds']:.1f}",
+            "stall_seconds": f"{summary['stall_seconds']:g}",
+        },
+        "header": RANK_HEADER,
+        "rows": rows,
+        "chart": base64.b64encode(chart).decode() if chart else None,
+        "epochs": _epochs_view(input_by_rank),
+    }
 
 
-def _epochs_table(input_by_rank: Sequence[dict[str, Any]]) -> str:
+def _epochs_view(input_by_rank: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Each epoch of each rank, with its rolling window as of the epoch's end."""
     rows = []
     window = None
@@ -281,37 +269,30 @@ def _epochs_table(input_by_rank: Sequence[dict[str, Any]]) -> str:
                 ]
             )
     if not rows:
-        return ""
+        return None
     rows.sort(key=lambda row: (row[0], row[1]))
-    return (
-        "<h2>Epochs</h2>"
-        f"<p>each rank's epochs, and its rolling window (its last {window or 'n/a'} steps) as "
-        "of each epoch's end</p>"
-        + _table(
-            [
-                "epoch",
-                "rank",
-                "rows/s",
-                "input-bound",
-                "mean step ms",
-                "window rows/s",
-                "window input-bound",
-                "window mean step ms",
-            ],
-            rows,
-        )
-    )
+    return {
+        "window": window or "n/a",
+        "header": (
+            "epoch",
+            "rank",
+            "rows/s",
+            "input-bound",
+            "mean step ms",
+            "window rows/s",
+            "window input-bound",
+            "window mean step ms",
+        ),
+        "rows": rows,
+    }
 
 
-def _lineage_list(node: dict[str, Any]) -> str:
-    label = f"{node['name']}@{node['version']}"
-    kind = "missing from the catalog" if node.get("missing") else node.get("kind", "")
-    children = "".join(_lineage_list(p) for p in node.get("parents", []))
-    return (
-        f'<li><a href="#{html.escape(label)}">{html.escape(label)}</a> ({html.escape(kind)})'
-        + (f"<ul>{children}</ul>" if children else "")
-        + "</li>"
-    )
+def _lineage_tree(node: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "label": f"{node['name']}@{node['version']}",
+        "kind": "missing from the catalog" if node.get("missing") else node.get("kind", ""),
+        "parents": [_lineage_tree(p) for p in node.get("parents", [])],
+    }
 
 
 STYLE = """
@@ -327,6 +308,17 @@ code { background: #f4f4f4; }
 """
 
 
+def _template() -> jinja2.Template:
+    """templates/report.html, every value autoescaped (names, notes and paths come from the
+    catalog and may hold anything); a name the template uses but the context lacks fails."""
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("training", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    return environment.get_template("report.html")
+
+
 def render_html(inputs: ReportInputs) -> str:
     """The page: every rank's input, then the ingest, preprocess and model, and the lineage."""
     model = inputs.model
@@ -334,47 +326,28 @@ def render_html(inputs: ReportInputs) -> str:
     run_dir = model.extra.get("run_dir")
     input_by_rank = recorded_input_by_rank(model)
     chart = rank_chart_png(input_by_rank) if input_by_rank else None
-    facts = [
-        ["version", _ref(model)],
-        ["ranks", metrics.get("num_ranks", "")],
-        ["epochs", metrics.get("epochs", "")],
-        ["steps per epoch", metrics.get("steps_per_epoch", "")],
-        [
-            "test accuracy",
-            f"{metrics['test_accuracy']:.4f}" if "test_accuracy" in metrics else "n/a",
-        ],
-        ["run folder", html.escape(str(run_dir)) if run_dir else "not recorded"],
-    ]
-    if run_dir:
-        facts.append(
-            [
-                "Horovod timeline, TensorBoard",
-                f"<code>{html.escape(str(Path(run_dir) / 'timeline.json'))}</code> (with "
-                f"--timeline); <code>tensorboard --logdir "
-                f"{html.escape(str(Path(run_dir) / 'tensorboard'))}</code> (rank-K: input)",
-            ]
-        )
-    title = f"{model.name}@{model.version}"
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{STYLE}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1>"
-        + "<p>"
-        + " ← ".join(
-            f'<a href="#{html.escape(ref)}">{html.escape(ref)}</a>'
-            for ref in (f"{m.name}@{m.version}" for m in (model, inputs.processed, inputs.raw) if m)
-        )
-        + f" (run folder <code>{html.escape(str(run_dir))}</code>)</p>"
-        + _ranks_section(model, chart)
-        + '<div class="columns"><div>'
-        + _raw_section(inputs.raw)
-        + "</div><div>"
-        + _processed_section(inputs.processed)
-        + "</div><div><h2>Model</h2>"
-        + _facts(facts)
-        + "</div></div>"
-        + f"<h2>Lineage</h2><ul>{_lineage_list(inputs.lineage)}</ul>"
-        + "</body></html>\n"
+    accuracy = metrics.get("test_accuracy")
+    return _template().render(
+        title=_ref(model),
+        style=markupsafe.Markup(STYLE),  # this module's constant, not data
+        chain=[_ref(m) for m in (model, inputs.processed, inputs.raw) if m],
+        run_dir=str(run_dir),
+        ranks=_ranks_view(model, chart),
+        raw=_raw_view(inputs.raw),
+        processed=_processed_view(inputs.processed),
+        model={
+            "ref": _ref(model),
+            "facts": [
+                ("ranks", metrics.get("num_ranks", "")),
+                ("epochs", metrics.get("epochs", "")),
+                ("steps per epoch", metrics.get("steps_per_epoch", "")),
+                ("test accuracy", f"{accuracy:.4f}" if accuracy is not None else "n/a"),
+                ("run folder", str(run_dir) if run_dir else "not recorded"),
+            ],
+            "timeline": str(Path(run_dir) / "timeline.json") if run_dir else None,
+            "tensorboard": str(Path(run_dir) / "tensorboard") if run_dir else None,
+        },
+        lineage_tree=_lineage_tree(inputs.lineage),
     )
 
 
