@@ -6,8 +6,10 @@ imports another in a circle."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,84 @@ def test_the_lint_rule_bans_prefect_outside_flows(filename: str, banned: bool) -
     )
     assert ("TID251" in checked.stdout) is banned, checked.stdout
     assert (checked.returncode != 0) is banned
+
+
+# Where each extra's modules may be imported: an extra is optional, so only the code that
+# needs it imports it. An extra not named here has no place (s3, gcs, postgres: reached
+# through fsspec and SQLAlchemy, never imported by name; dev: the tests' own tools).
+EXTRA_PLACES = {
+    "readers": ("lab/bench/peers/",),
+    "bench": ("lab/bench/",),
+    "lineage": ("data_catalog/openlineage_events.py",),
+    "ray": ("lab/ray_train.py",),
+    "cifar10-pool": ("lab/cifar10_pool.py",),
+}
+# Installed, not declared, and why.
+NOT_DECLARED = {
+    # Built from source after TensorFlow with the frameworks' flags (Makefile, docs/STACK.md):
+    # a requirement in pyproject.toml would have pip build it without them.
+    "horovod": "horovod",
+}
+
+
+def _distribution(requirement: str) -> str:
+    """The normalized distribution name of a PEP 508 requirement ("dask[dataframe]==1" → dask)."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match.group()).lower()
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Every top-level module the packages import (at the top or inside a function) that is
+    neither the standard library nor one of the packages, with the files importing it."""
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in _imports(path):
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in PACKAGES or top == "__future__":
+                    continue
+                found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_imported_package_is_declared_and_an_extras_only_where_it_is_needed() -> None:
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_distribution(r) for r in project["dependencies"]}
+    extras = {
+        extra: {_distribution(r) for r in requirements}
+        for extra, requirements in project["optional-dependencies"].items()
+        if extra != "dev"
+    }
+    installed = packages_distributions()
+    wrong = []
+    for module, paths in sorted(_third_party_imports().items()):
+        if module in NOT_DECLARED:
+            continue
+        distributions = {_distribution(d) for d in installed.get(module, [])}
+        if not distributions:
+            wrong.append(f"{module} (imported by {', '.join(sorted(paths))}) is not installed")
+        elif distributions & core:
+            continue
+        else:
+            places = tuple(
+                place
+                for extra, declared in extras.items()
+                if distributions & declared
+                for place in EXTRA_PLACES.get(extra, ())
+            )
+            if not places:
+                wrong.append(
+                    f"{module} ({', '.join(sorted(distributions))}) is imported by "
+                    f"{', '.join(sorted(paths))} but declared in no dependency or extra"
+                )
+                continue
+            wrong += [
+                f"{path} imports {module}, which only an extra declares; its places: "
+                f"{', '.join(places)}"
+                for path in sorted(paths)
+                if not path.startswith(places)
+            ]
+    assert wrong == [], "\n".join(wrong)
