@@ -66,23 +66,21 @@ class AllreduceMeter(tf.keras.callbacks.Callback):  # type: ignore[misc]  # Kera
         self.per_epoch.append(int(self.counter.numpy()) - self._start)
 
 
-def interface_counters(
-    interfaces: Sequence[str], proc_net_dev: Path = Path("/proc/net/dev")
-) -> tuple[int, int] | None:
+def interface_counters(interfaces: Sequence[str]) -> tuple[int, int] | None:
     """(bytes, packets) sent so far on ``interfaces`` of this process's network namespace,
-    summed, from ``/proc/net/dev`` (which, unlike /sys/class/net, always shows the calling
-    process's namespace); None when one of them is not there."""
-    if not proc_net_dev.is_file():
-        return None
-    sent: dict[str, tuple[int, int]] = {}
-    for line in proc_net_dev.read_text().splitlines()[2:]:
-        name, _, counters = line.partition(":")
-        fields = counters.split()
-        # receive: 8 fields, then transmit: bytes, packets, ...
-        sent[name.strip()] = (int(fields[8]), int(fields[9]))
+    summed; None when one of them is not there.
+
+    psutil reads them from /proc/net/dev, which (unlike /sys/class/net) always shows the
+    calling process's namespace (``psutil._pslinux.net_io_counters``)."""
+    import psutil
+
+    sent = psutil.net_io_counters(pernic=True)
     if not all(name in sent for name in interfaces):
         return None
-    return (sum(sent[n][0] for n in interfaces), sum(sent[n][1] for n in interfaces))
+    return (
+        sum(sent[n].bytes_sent for n in interfaces),
+        sum(sent[n].packets_sent for n in interfaces),
+    )
 
 
 Sample = tuple[tuple[int, int] | None, float]
