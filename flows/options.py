@@ -55,6 +55,14 @@ def finite_number(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """A duration: a finite number of seconds above 0."""
+    value = finite_number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class Flag:
     """How one config field appears on the command line."""

@@ -165,6 +165,7 @@ def cmd_run(ctx: Context, args: argparse.Namespace) -> int:
             options=job,
             train=train,
             launch=launch,
+            train_timeout_seconds=args.train_timeout,
         )
     api_url = os.environ.get("PREFECT_API_URL") if configured_api else None
     ctx.emit(result, results.PipelineResult.from_json(result).summary_lines(api_url))
@@ -241,6 +242,13 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     _dataset_argument(run)
     for group in ("ingest", "skyserver", "plan", "job", "cluster", "train", "launch"):
         options.add_flags(run, group)
+    run.add_argument(
+        "--train-timeout",
+        type=options.positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="fail training that runs longer, horovodrun and its ranks stopped; default: none",
+    )
     run.set_defaults(handler=cmd_run)
 
     synth = commands.add_parser(

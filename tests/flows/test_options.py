@@ -108,3 +108,30 @@ def test_a_value_of_two_dashes_is_a_one_line_error(
     assert main(argv) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"shardflow: error: {message}"), line
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "expected a number of seconds above 0, got '0'"),
+        ("-5", "expected a number of seconds above 0, got '-5'"),
+        ("soon", "expected a number, got 'soon'"),
+        ("inf", "expected a finite number, got 'inf'"),
+    ],
+)
+def test_a_train_timeout_that_is_not_a_duration_is_a_one_line_error(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "fashion-mnist", f"--train-timeout={value}"])
+    assert exited.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("shardflow run: error: argument --train-timeout: " + message), line
+
+
+def test_a_train_timeout_reaches_the_pipeline_as_seconds() -> None:
+    args = build_parser().parse_args(["run", "sdss", "--train-timeout", "5400"])
+    assert args.train_timeout == 5400.0
+    assert build_parser().parse_args(["run", "sdss"]).train_timeout is None
