@@ -349,3 +349,27 @@ def test_ctrl_c_during_run_is_prompt_and_one_line(
         assert returncode == 130, stderr[-3000:]
         assert stderr.splitlines() == ["shardflow: interrupted"], stderr[-3000:]
         wait_for("every process of the run gone", lambda: processes_of(shardflow_home) == [], 30)
+
+
+def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
+    fashion_subset: Path, home: Path, tmp_path: Path
+) -> None:
+    """The pipeline's training stopped by its timeout (Prefect's task timeout, SIGALRM in the
+    flow run's main thread): one line, no model, no process of the run left."""
+    run = ["run", "fashion-mnist", "--source", str(fashion_subset), *LONG_TRAINING]
+    with started([*run, "--train-timeout", "60"], home, tmp_path) as proc:
+        command = psutil.Process(proc.pid)
+        wait_for(
+            "both ranks training", lambda: training_has_begun(home, command), START_SECONDS, proc
+        )
+        returncode = proc.wait(timeout=START_SECONDS)
+        stderr = stderr_of(proc)
+        assert returncode == 1, stderr[-3000:]
+        assert stderr.splitlines() == [
+            "shardflow: error: training stopped after its timeout of 60 s (timeout_seconds): "
+            "horovodrun and its ranks were stopped, no model committed"
+        ], stderr[-3000:]
+        assert training_processes(home) == []
+        from data_catalog import Catalog
+
+        assert Catalog(home / "catalog").versions("fashion-mnist-cnn") == []
