@@ -149,7 +149,7 @@ EXTRA_PLACES = {
 NOT_DECLARED = {
     # Built from source after TensorFlow with the frameworks' flags (Makefile, docs/STACK.md):
     # a requirement in pyproject.toml would have pip build it without them.
-    "horovod": "horovod",
+    "horovod",
 }
 
 
