@@ -352,12 +352,15 @@ def test_ctrl_c_during_run_is_prompt_and_one_line(
 
 
 def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
-    fashion_subset: Path, home: Path, tmp_path: Path
+    fashion_subset: Path, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pipeline's training stopped by its timeout (Prefect's task timeout, SIGALRM in the
     flow run's main thread): one line, no model, no process of the run left."""
-    run = ["run", "fashion-mnist", "--source", str(fashion_subset), *LONG_TRAINING]
-    with started([*run, "--train-timeout", "60"], home, tmp_path) as proc:
+    # Rank 0 sleeps once trained (rank 1 waits for it in the next collective), so that the run
+    # can only end by its timeout however fast the machine trains.
+    monkeypatch.setenv("SHARDFLOW_TEST_PAUSE_AT", "trained")
+    run = ["run", "fashion-mnist", "--source", str(fashion_subset), "--np", "2", "--epochs", "1"]
+    with started([*run, "--train-timeout", "90"], home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
         wait_for(
             "both ranks training", lambda: training_has_begun(home, command), START_SECONDS, proc
@@ -366,7 +369,7 @@ def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
         stderr = stderr_of(proc)
         assert returncode == 1, stderr[-3000:]
         assert stderr.splitlines() == [
-            "shardflow: error: training stopped after its timeout of 60 s (timeout_seconds): "
+            "shardflow: error: training stopped after its timeout of 90 s (timeout_seconds): "
             "horovodrun and its ranks were stopped, no model committed"
         ], stderr[-3000:]
         assert training_processes(home) == []
