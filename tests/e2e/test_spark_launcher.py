@@ -30,6 +30,8 @@ pytestmark = pytest.mark.e2e
 __all__ = ["home", "processed_home"]  # the fixtures, for this module
 
 SPARK = ("--launcher", "spark", "--spark-master", "local[2]", "--np", "2")
+# Long enough that ranks left running would still be training when a test looks.
+LONG = ("--epochs", "30", "--batch-size", "8")
 
 
 def test_spark_trains_both_ranks_on_their_own_row_groups_and_commits_the_model(
@@ -100,8 +102,7 @@ def _ranks_running(home: Path, command: psutil.Process) -> bool:
 def test_sigkill_of_train_stops_the_jvm_the_spark_workers_and_every_rank(
     home: Path, tmp_path: Path
 ) -> None:
-    long = ("--epochs", "30", "--batch-size", "8")
-    with started(["train", "fashion-mnist", *SPARK, *long], home, tmp_path) as proc:
+    with started(["train", "fashion-mnist", *SPARK, *LONG], home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
         wait_for("both ranks training", lambda: _ranks_running(home, command), 400, proc)
         assert any("java" in cmdline(p) for p in command.children(recursive=True))
@@ -118,8 +119,7 @@ def test_sigkill_of_train_stops_the_jvm_the_spark_workers_and_every_rank(
 def test_a_rank_killed_inside_its_spark_task_is_one_line_and_stops_everything(
     home: Path, tmp_path: Path
 ) -> None:
-    long = ("--epochs", "30", "--batch-size", "8")
-    with started(["train", "fashion-mnist", *SPARK, *long], home, tmp_path) as proc:
+    with started(["train", "fashion-mnist", *SPARK, *LONG], home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
         wait_for("both ranks training", lambda: _ranks_running(home, command), 400, proc)
         # The rank itself, not the shell Horovod's task service starts it with.

@@ -104,19 +104,21 @@ def test_an_ingest_result_has_the_published_keys_and_only_the_counts_its_source_
         assert IngestResult.from_json(result.to_json()) == result
 
 
-def test_a_preprocess_result_has_the_published_keys_and_says_what_was_quarantined() -> None:
-    def split(rows: int, groups: int, policy: str) -> SplitLayout:
-        return SplitLayout(
-            rows=rows,
-            source_rows=rows,
-            rows_per_group=1000,
-            num_row_groups=groups,
-            num_shards=1,
-            dropped_rows=0,
-            padded_rows=0,
-            policy=policy,
-        )
+def split(rows: int, groups: int, policy: str = "whole") -> SplitLayout:
+    """A split of ``rows`` in ``groups`` row groups of 1,000, one shard, nothing dropped."""
+    return SplitLayout(
+        rows=rows,
+        source_rows=rows,
+        rows_per_group=1000,
+        num_row_groups=groups,
+        num_shards=1,
+        dropped_rows=0,
+        padded_rows=0,
+        policy=policy,
+    )
 
+
+def test_a_preprocess_result_has_the_published_keys_and_says_what_was_quarantined() -> None:
     layout = ProcessedLayout(
         kind="tabular",
         format="parquet",

@@ -6,26 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from data_catalog import Manifest
-from data_catalog.layout import Normalization, ProcessedLayout, Quarantine, SplitLayout
+from data_catalog.layout import Normalization, ProcessedLayout, Quarantine
 from data_catalog.manifest import ParentRef
-from tests.flows.test_results import manifest
+from tests.flows.test_results import manifest, split
 from tests.training.test_input_metrics import rank
 from training.report import ReportInputs, render_html
 
 SCRIPT = "<script>alert(1)</script>"
-
-
-def split(rows: int, groups: int) -> SplitLayout:
-    return SplitLayout(
-        rows=rows,
-        source_rows=rows,
-        rows_per_group=1000,
-        num_row_groups=groups,
-        num_shards=1,
-        dropped_rows=0,
-        padded_rows=0,
-        policy="whole",
-    )
 
 
 def processed_layout(class_name: str) -> dict[str, Any]:
