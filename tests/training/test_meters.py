@@ -68,7 +68,10 @@ def test_interface_counters_are_the_namespaces_and_count_what_was_sent() -> None
     assert seen["after"] == seen["after_by_hand"]
     assert seen["received"] == 1_000_000
     sent_bytes, sent_packets = seen["after"]
-    # The payload and its TCP/IP headers (the handshake, the segments and their ACKs).
-    assert 1_000_000 < sent_bytes < 1_100_000
+    # The payload and its TCP/IP headers (the handshake, the segments and their ACKs: on loopback
+    # both directions are transmitted). How many segments and ACKs depends on how fast the receiver
+    # drains its window: 5 % over the payload on a quiet machine, 19 % in CI under load. Twice the
+    # payload would mean counting each byte twice.
+    assert 1_000_000 < sent_bytes < 1_500_000
     assert sent_packets >= 3
     assert seen["missing"] is None
