@@ -17,6 +17,11 @@ JAVA := /usr/lib/jvm/java-17-openjdk-amd64/bin/java
 MNIST_5K := .cache/mnist_5k.csv.gz
 # The first 20 real CIFAR-10 test images ship in foolbox's wheel (docs: shared DATA.md).
 FOOLBOX := .cache/wheels/foolbox-3.3.4-py3-none-any.whl
+# petastorm 0.13.1 as PyPI ships it, re-packed without its `setuptools<70` requirement (below).
+PETASTORM_VERSION := 0.13.1
+PETASTORM_LOCAL := $(PETASTORM_VERSION)+shardflow.1
+PETASTORM_SHA256 := 7d073f01f65ba6b50e05fae8254d0f469881bcaf41ead2028e676517c45bbd1b
+PETASTORM_WHEEL := .cache/wheels/petastorm-$(PETASTORM_LOCAL)-py2.py3-none-any.whl
 
 # Horovod with TensorFlow and Gloo, no MPI: see docs/STACK.md for each flag.
 HOROVOD_ENV := CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
@@ -32,11 +37,39 @@ help:
 
 setup: $(STAMP) $(FASHION_MNIST)
 
-$(STAMP): requirements/lock.txt pyproject.toml
+$(PY):
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (TensorFlow 2.15 supports 3.9-3.11)"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade "pip==24.3.1" wheel
-	$(PIP) install --quiet -c requirements/lock.txt -e ".[dev,bench,ray]"
+	$(PYTHON) -m venv $(VENV)
+
+# petastorm 0.13.1, its last release, declares `setuptools<70` (added for petastorm's own CI image,
+# uber/petastorm#809), which would hold setuptools in CVE-2024-6345's range; petastorm imports
+# neither setuptools nor pkg_resources. PyPI has no sdist of 0.13.1, so its wheel (checked by
+# digest; its code equals the v0.13.1 tag) is unpacked and packed again with `wheel`, with that one
+# requirement dropped and a local version label that `petastorm==0.13.1` still matches
+# (docs/STACK.md).
+$(PETASTORM_WHEEL): | $(PY)
+	$(PIP) install --quiet -c requirements/lock.txt wheel
+	rm -rf .cache/petastorm-build && mkdir -p .cache/petastorm-build .cache/wheels
+	$(PIP) download --quiet --no-deps --only-binary=:all: -d .cache/petastorm-build \
+		petastorm==$(PETASTORM_VERSION)
+	echo "$(PETASTORM_SHA256)  .cache/petastorm-build/petastorm-$(PETASTORM_VERSION)-py2.py3-none-any.whl" \
+		| sha256sum --check --quiet
+	$(PY) -m wheel unpack -d .cache/petastorm-build \
+		.cache/petastorm-build/petastorm-$(PETASTORM_VERSION)-py2.py3-none-any.whl
+	cd .cache/petastorm-build/petastorm-$(PETASTORM_VERSION) && \
+		mv petastorm-$(PETASTORM_VERSION).dist-info petastorm-$(PETASTORM_LOCAL).dist-info && \
+		sed -i -e '/^Requires-Dist: setuptools<70$$/d' \
+			-e 's/^Version: $(PETASTORM_VERSION)$$/Version: $(PETASTORM_LOCAL)/' \
+			petastorm-$(PETASTORM_LOCAL).dist-info/METADATA && \
+		grep -qx 'Version: $(PETASTORM_LOCAL)' petastorm-$(PETASTORM_LOCAL).dist-info/METADATA && \
+		! grep -q '^Requires-Dist: setuptools' petastorm-$(PETASTORM_LOCAL).dist-info/METADATA
+	$(PY) -m wheel pack -d .cache/wheels .cache/petastorm-build/petastorm-$(PETASTORM_VERSION)
+	rm -rf .cache/petastorm-build
+	test -f $@
+
+$(STAMP): requirements/lock.txt pyproject.toml $(PETASTORM_WHEEL)
+	$(PIP) install --quiet -c requirements/lock.txt "pip==24.3.1" wheel setuptools
+	$(PIP) install --quiet -c requirements/lock.txt --find-links .cache/wheels -e ".[dev,bench,ray]"
 	$(PIP) install --quiet -c requirements/lock.txt cmake
 	$(PY) -c "import horovod.tensorflow" 2>/dev/null || \
 		$(HOROVOD_ENV) $(PIP) install --quiet --no-build-isolation -c requirements/lock.txt \
