@@ -70,23 +70,27 @@ def assigned_rate(schedule: Any) -> Any:
             self._supports_tf_logs = True
             self._rate: Any = None
             self._held: Any = None
+            self._corrected = False
 
         def _adjust_learning_rate(self, epoch: float) -> None:
-            optimizer = self.model.optimizer
-            if hasattr(optimizer, "momentum") and self.momentum_correction:
+            if self._corrected:
                 super()._adjust_learning_rate(epoch)  # momentum correction reads the old rate
                 self._held = None
                 return
-            if self._rate is None:
-                self._rate = optimizer.lr
             rate = np.float32(self.initial_lr * self.multiplier(epoch))
             if self._held is None or rate != self._held:
-                self._rate.assign(rate, read_value=False)
+                # A Python float: TensorFlow converts it to a tensor faster than a numpy scalar.
+                self._rate.assign(float(rate), read_value=False)
                 self._held = rate
 
         def on_train_begin(self, logs: Any = None) -> None:
             super().on_train_begin(logs)
             self._held = None  # another fit, a restored optimizer: set the first step's rate
+            # Asked once per fit, not every step: ``hasattr`` on a Keras optimizer without the
+            # attribute raises and catches an AttributeError inside Keras.
+            optimizer = self.model.optimizer
+            self._corrected = hasattr(optimizer, "momentum") and self.momentum_correction
+            self._rate = optimizer.lr
 
     AssignedRate.__name__ = AssignedRate.__qualname__ = schedule.__name__
     return AssignedRate
