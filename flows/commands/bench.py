@@ -250,7 +250,8 @@ def _callbacks(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], 
         f"step time with shardflow's callbacks ÷ without: {result['ratio']:.4f} (medians: "
         f"{result['ratio_median']:.4f}) "
         f"({steps['with'] * 1e3:.2f} ms, {steps['without'] * 1e3:.2f} ms per step); time in "
-        f"their hooks: {result['hook_share']:.2%} of the steps with them",
+        f"their hooks: {result['hook_share']:.2%} of the steps with them; CPU-seconds with ÷ "
+        f"without (medians): {result['cpu_ratio_median']:.4f}",
         "Keras's slow-callback warning: "
         + ("; ".join(result["keras_slow_callback_warnings"]) or "none"),
     ]

@@ -13,9 +13,11 @@ reported too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -67,6 +69,11 @@ class _Warnings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def _config(
@@ -139,32 +146,36 @@ def _measure(
     clock = _Clock()
     sides = {"with": [clock.first, *parts.in_order, clock.last], "without": []}
     seconds: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
     epoch = 0
 
     def fit(side: str) -> float:
         nonlocal epoch
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), _cpu()
         built.model.fit(
             batches, steps_per_epoch=steps, epochs=epoch + 1, initial_epoch=epoch,
             callbacks=sides[side], verbose=0,
         )  # fmt: skip
         epoch += 1
+        cpu[side].append(_cpu() - cpu_started)
         return time.perf_counter() - started
 
     handler = _Warnings()
     tf.get_logger().addHandler(handler)
     try:
-        fit("without")  # traces the step
-        cpu_before = os.times()
-        # The first fit with the callbacks: Keras times its first batches' hooks.
-        for number in range(rounds):
-            for side in ("with", "without"):
-                seconds[side].append(fit(side))
-            progress(
-                f"bench callbacks: round {number + 1}: with {seconds['with'][-1]:.2f} s, "
-                f"without {seconds['without'][-1]:.2f} s ({steps} steps each)"
-            )
-        cpu_after = os.times()
+        # Rank 0's lines ("input metrics of epoch N: ...") to stderr: stdout is --json's.
+        with contextlib.redirect_stdout(sys.stderr):
+            fit("without")  # traces the step
+            cpu_before = os.times()
+            # The first fit with the callbacks: Keras times its first batches' hooks.
+            for number in range(rounds):
+                for side in ("with", "without"):
+                    seconds[side].append(fit(side))
+                progress(
+                    f"bench callbacks: round {number + 1}: with {seconds['with'][-1]:.2f} s, "
+                    f"without {seconds['without'][-1]:.2f} s ({steps} steps each)"
+                )
+            cpu_after = os.times()
     finally:
         tf.get_logger().removeHandler(handler)
     best = {side: min(values) for side, values in seconds.items()}
@@ -181,6 +192,9 @@ def _measure(
         "hook_share": in_hooks,
         "step_seconds": {side: best[side] / steps for side in best},
         "seconds": seconds,
+        # This process's CPU-seconds per round (every thread): steadier than wall on a busy host.
+        "cpu_seconds_by_round": cpu,
+        "cpu_ratio_median": statistics.median(cpu["with"]) / statistics.median(cpu["without"]),
         "steps": steps,
         "batch_size": batch_size,
         "callbacks": [type(c).__name__ for c in parts.in_order],
