@@ -250,7 +250,9 @@ def _callbacks(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], 
         f"step time with shardflow's callbacks ÷ without: {result['ratio']:.4f} (medians: "
         f"{result['ratio_median']:.4f}) "
         f"({steps['with'] * 1e3:.2f} ms, {steps['without'] * 1e3:.2f} ms per step); time in "
-        f"their hooks: {result['hook_share']:.2%} of the steps with them; CPU-seconds with ÷ "
+        f"their hooks: {result['hook_share']:.2%} of the steps with them; their CPU time: "
+        f"{result['hook_cpu_seconds_per_step'] * 1e6:.0f} µs a step, "
+        f"{result['hook_cpu_share']:.2%} of the fastest step without them; CPU-seconds with ÷ "
         f"without (medians): {result['cpu_ratio_median']:.4f}",
         "Keras's slow-callback warning: "
         + ("; ".join(result["keras_slow_callback_warnings"]) or "none"),

@@ -35,13 +35,15 @@ SLOW_CALLBACK = "is slow compared to the batch time"
 
 class _Clock:
     """Two Keras callbacks, put first and last in the list: the time Keras spends in every
-    hook of the callbacks between them, added up in ``.seconds``."""
+    hook of the callbacks between them, added up in ``.seconds``, and the CPU time of the
+    thread that runs them (Keras calls hooks between steps, on the thread calling ``fit``) in
+    ``.cpu_seconds``: on a busy host a hook's wall time includes waits for a core."""
 
     def __init__(self) -> None:
         import tensorflow as tf
 
-        self.seconds = 0.0
-        self._started = 0.0
+        self.seconds = self.cpu_seconds = 0.0
+        self._started = self._cpu_started = 0.0
         clock = self
 
         class Edge(tf.keras.callbacks.Callback):  # type: ignore[misc]  # Keras is untyped
@@ -52,9 +54,10 @@ class _Clock:
 
             def _tick(self, *_args: Any) -> None:
                 if self.opens:
-                    clock._started = time.perf_counter()
+                    clock._started, clock._cpu_started = time.perf_counter(), time.thread_time()
                 else:
                     clock.seconds += time.perf_counter() - clock._started
+                    clock.cpu_seconds += time.thread_time() - clock._cpu_started
 
             on_train_batch_begin = on_train_batch_end = _tick
             on_epoch_begin = on_epoch_end = on_train_begin = on_train_end = _tick
@@ -190,6 +193,10 @@ def _measure(
         "ratio_median": statistics.median(seconds["with"]) / statistics.median(seconds["without"]),
         # Robust to a busy host: the share of the runs with callbacks spent inside them.
         "hook_share": in_hooks,
+        # Steadier still: the hooks' CPU time per step, and its share of the fastest step
+        # without them (what they would add to it on an idle host).
+        "hook_cpu_seconds_per_step": clock.cpu_seconds / (steps * rounds),
+        "hook_cpu_share": clock.cpu_seconds / (steps * rounds) / (best["without"] / steps),
         "step_seconds": {side: best[side] / steps for side in best},
         "seconds": seconds,
         # This process's CPU-seconds per round (every thread): steadier than wall on a busy host.
