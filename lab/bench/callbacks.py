@@ -37,12 +37,14 @@ class _Clock:
     """Two Keras callbacks, put first and last in the list: the time Keras spends in every
     hook of the callbacks between them, added up in ``.seconds``, and the CPU time of the
     thread that runs them (Keras calls hooks between steps, on the thread calling ``fit``) in
-    ``.cpu_seconds``: on a busy host a hook's wall time includes waits for a core."""
+    ``.cpu_seconds``: on a busy host a hook's wall time includes waits for a core. Of it,
+    ``.batch_cpu_seconds`` in the batch hooks (the rest: epochs', and ``fit``'s own begin and
+    end, which a run calls once, the bench once per epoch)."""
 
     def __init__(self) -> None:
         import tensorflow as tf
 
-        self.seconds = self.cpu_seconds = 0.0
+        self.seconds = self.cpu_seconds = self.batch_cpu_seconds = 0.0
         self._started = self._cpu_started = 0.0
         clock = self
 
@@ -52,14 +54,19 @@ class _Clock:
                 self._supports_tf_logs = True
                 self.opens = opens
 
-            def _tick(self, *_args: Any) -> None:
+            def _tick(self, *_args: Any) -> float:
                 if self.opens:
                     clock._started, clock._cpu_started = time.perf_counter(), time.thread_time()
-                else:
-                    clock.seconds += time.perf_counter() - clock._started
-                    clock.cpu_seconds += time.thread_time() - clock._cpu_started
+                    return 0.0
+                clock.seconds += time.perf_counter() - clock._started
+                cpu = time.thread_time() - clock._cpu_started
+                clock.cpu_seconds += cpu
+                return cpu
 
-            on_train_batch_begin = on_train_batch_end = _tick
+            def _batch(self, *_args: Any) -> None:
+                clock.batch_cpu_seconds += self._tick()
+
+            on_train_batch_begin = on_train_batch_end = _batch
             on_epoch_begin = on_epoch_end = on_train_begin = on_train_end = _tick
 
         self.first, self.last = Edge(True), Edge(False)
@@ -197,6 +204,10 @@ def _measure(
         # without them (what they would add to it on an idle host).
         "hook_cpu_seconds_per_step": clock.cpu_seconds / (steps * rounds),
         "hook_cpu_share": clock.cpu_seconds / (steps * rounds) / (best["without"] / steps),
+        "batch_hook_cpu_seconds_per_step": clock.batch_cpu_seconds / (steps * rounds),
+        "batch_hook_cpu_share": clock.batch_cpu_seconds
+        / (steps * rounds)
+        / (best["without"] / steps),
         "step_seconds": {side: best[side] / steps for side in best},
         "seconds": seconds,
         # This process's CPU-seconds per round (every thread): steadier than wall on a busy host.

@@ -28,5 +28,5 @@ def test_bench_callbacks_reports_both_sides_and_stdout_is_its_json(
     assert len(result["cpu_seconds_by_round"]["with"]) == 5
     assert result["ratio"] > 0 and result["cpu_ratio_median"] > 0
     assert 0 < result["hook_share"] < 1 and 0 < result["hook_cpu_share"] < 1
-    assert result["hook_cpu_seconds_per_step"] > 0
+    assert 0 < result["batch_hook_cpu_seconds_per_step"] < result["hook_cpu_seconds_per_step"]
     assert isinstance(result["keras_slow_callback_warnings"], list)
