@@ -103,7 +103,7 @@ def edit_normalization_mean(manifest: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (edit_train_file_rows, r"files\[train/part-00000\.parquet\]\.rows is 1855"),
+        (edit_train_file_rows, r"files\[split=train/part-00000\.parquet\]\.rows is 1855"),
         (edit_rows_per_group, r"statistics\.train\.rows_per_group is 30"),
         (edit_normalization_mean, r"statistics\.normalization\.mean\[0\] is 0\.2942"),
     ],
