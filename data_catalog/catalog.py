@@ -5,13 +5,14 @@ Layout under the root::
     objects/<aa>/<sha256>                      every file of every version, stored once
     objects/.lock                              flock: writers link objects (shared), gc (exclusive)
     datasets/<name>/.lock                      flock held while a version of <name> is published
-    datasets/<name>/<version>/manifest.json    present = the version is committed
+    datasets/<name>/<version>/_manifest.json   present = the version is committed (manifest.json
+                                               in versions of folder layout 1: still read)
     datasets/<name>/<version>/<files...>       local roots: hard links to the objects
     staging/<id>/                              a writer's files before commit
     staging/<id>.lock                          flock held by the live writer of staging/<id>
     index.sqlite                               SQL cache of the manifests (default index URL)
 
-A version becomes visible in one step, when ``manifest.json`` appears; everything before that
+A version becomes visible in one step, when ``_manifest.json`` appears; everything before that
 (staged files, a moved directory without manifest, objects no version holds) is invisible and
 removed by :meth:`Catalog.gc`. Two versions that hold the same bytes share one object: a new
 version that keeps most of its parent's files stores only the new ones
@@ -45,9 +46,11 @@ from data_catalog.data_files import data_entries
 from data_catalog.durability import exclusive_lock, failpoint, fsync_dir, make_dirs, try_lock
 from data_catalog.errors import CatalogError, NotFound
 from data_catalog.index import Index, IndexUnusable
+from data_catalog.layout import ProcessedLayout
 from data_catalog.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    MANIFEST_NAMES,
     NO_DIGEST_NOTE,
     FileEntry,
     Manifest,
@@ -193,6 +196,18 @@ class Catalog:
             return str(self.version_dir(name, version))
         return self._store.url_of(_version_key(name, version))
 
+    def split_dir(self, manifest: Manifest, split: str) -> Path:
+        """The local folder of ``split`` of a processed version: ``split=<split>/``, or
+        ``<split>/`` in a version of folder layout 1 (its manifest's ``schema.splits`` says
+        which); a :class:`CatalogError` for a URL catalog."""
+        folder = ProcessedLayout.of(manifest).folder(split)
+        return self.version_dir(manifest.name, manifest.version) / folder
+
+    def split_url(self, manifest: Manifest, split: str) -> str:
+        """:meth:`split_dir` as a URL under the catalog's (for a local catalog, a path)."""
+        folder = ProcessedLayout.of(manifest).folder(split)
+        return f"{self.version_url(manifest.name, manifest.version)}/{folder}"
+
     def file_path(self, manifest: Manifest, entry: FileEntry) -> Path:
         """Absolute path of ``entry``; refuses entries that would leave the version directory.
 
@@ -236,14 +251,27 @@ class Catalog:
                 )
         return [self._storage.url_of(key) for _, key in where]
 
-    def _manifest_location(self, name: str, version: str) -> str:
-        return f"{self.version_url(name, version)}/{MANIFEST_NAME}"
+    def manifest_location(self, name: str, version: str) -> str:
+        """The URL (local: path) of the version's manifest: ``_manifest.json``, or
+        ``manifest.json`` in a version written in folder layout 1."""
+        return self._storage.url_of(self._manifest_key(_version_key(name, version)))
+
+    def _manifest_key(self, key: str) -> str:
+        """The manifest's key under the version key ``key``: the first of
+        :data:`MANIFEST_NAMES` that exists (the current name when none does)."""
+        for name in MANIFEST_NAMES:
+            if self._storage.exists(f"{key}/{name}"):
+                return f"{key}/{name}"
+        return f"{key}/{MANIFEST_NAME}"
+
+    def _has_manifest(self, key: str) -> bool:
+        return any(self._storage.exists(f"{key}/{name}") for name in MANIFEST_NAMES)
 
     # --- reading ----------------------------------------------------------------------------
 
     def exists(self, name: str, version: str) -> bool:
         """Whether ``name@version`` is committed."""
-        return self._storage.exists(f"{_version_key(name, version)}/{MANIFEST_NAME}")
+        return self._has_manifest(_version_key(name, version))
 
     def names(self) -> list[str]:
         """Names with at least one committed version, sorted.
@@ -267,7 +295,7 @@ class Catalog:
             except CatalogError as exc:
                 if unreadable is None:
                     raise
-                path = self._manifest_location(name, version)
+                path = self.manifest_location(name, version)
                 unreadable.append(Problem(path=path, reason=str(exc)))
         return sorted(manifests, key=lambda m: (m.created, m.version))
 
@@ -379,7 +407,7 @@ class Catalog:
     def _verify_version(
         self, name: str, version: str, checks: Sequence[ManifestCheck]
     ) -> tuple[list[Problem], list[Problem]]:
-        location = self._manifest_location(name, version)
+        location = self.manifest_location(name, version)
         try:
             text = self._manifest_text(name, version)
         except (OSError, UnicodeDecodeError) as exc:
@@ -403,7 +431,7 @@ class Catalog:
         key = _version_key(manifest.name, manifest.version)
         in_folder = storage.files_under(key)  # one listing instead of a look per file
         problems = []
-        listed = {MANIFEST_NAME}
+        listed = {self._manifest_key(key).rsplit("/", 1)[-1]}
         for entry in manifest.files:
             try:
                 where = _bytes_key(self, manifest, entry)
@@ -558,7 +586,7 @@ class Catalog:
             failpoint("manifest_tmp")
 
     def _record(self, manifest: Manifest) -> None:
-        manifest_path = self._manifest_location(manifest.name, manifest.version)
+        manifest_path = self.manifest_location(manifest.name, manifest.version)
         try:
             if self._index.ensure_tables():
                 self.reindex()
@@ -589,7 +617,7 @@ class Catalog:
 
         def manifests() -> Iterator[tuple[Manifest, str]]:
             for name, version in self._committed():
-                path = self._manifest_location(name, version)
+                path = self.manifest_location(name, version)
                 try:
                     manifest = Manifest.from_json(self._manifest_text(name, version))
                 except (OSError, UnicodeDecodeError, CatalogError) as exc:
@@ -681,7 +709,7 @@ class Catalog:
                 key = f"datasets/{name}/{version}"
                 if VERSION_PATTERN.fullmatch(version) is None:
                     continue
-                if store.exists(f"{key}/{MANIFEST_NAME}") or not old(store.newest_change(key)):
+                if self._has_manifest(key) or not old(store.newest_change(key)):
                     continue  # committed, or maybe a live writer's upload
                 store.remove_tree(key)
                 removed.append(store.url_of(key))
@@ -704,7 +732,7 @@ class Catalog:
                 if not entry.is_dir(follow_symlinks=False):
                     continue  # a symlink (or a file) the catalog did not write
                 directory = Path(entry.path)
-                if not (directory / MANIFEST_NAME).is_file():
+                if not any((directory / manifest).is_file() for manifest in MANIFEST_NAMES):
                     shutil.rmtree(directory)
                     removed.append(directory)
         return removed
@@ -721,11 +749,11 @@ class Catalog:
             for version in storage.subdirectories(f"datasets/{dataset}"):
                 if VERSION_PATTERN.fullmatch(version) is None:
                     continue
-                if storage.exists(f"datasets/{dataset}/{version}/{MANIFEST_NAME}"):
+                if self._has_manifest(f"datasets/{dataset}/{version}"):
                     yield dataset, version
 
     def _manifest_text(self, name: str, version: str) -> str:
-        return self._storage.read_text(f"{_version_key(name, version)}/{MANIFEST_NAME}")
+        return self._storage.read_text(self._manifest_key(_version_key(name, version)))
 
     def _resolve(self, name: str, version: str) -> str:
         """The committed version id of ``name`` that ``version`` (an id or prefix) names."""
@@ -747,7 +775,7 @@ class Catalog:
         )
 
     def _read_manifest(self, name: str, version: str) -> Manifest:
-        path = self._manifest_location(name, version)
+        path = self.manifest_location(name, version)
         try:
             manifest = Manifest.from_json(self._manifest_text(name, version))
         except FileNotFoundError as exc:

@@ -2,16 +2,18 @@
 
 ```
 manifest ──► data_entries(manifest, split) ──► Catalog.files(): each one verified ──► paths/URLs
-              processed: <split>/*.parquet        (size, sha256,       dd.read_parquet, DuckDB,
+              processed: split=<split>/*.parquet  (size, sha256,       dd.read_parquet, DuckDB,
               other kinds: every *.parquet          Parquet footer)      Polars, Spark, pyarrow
-              never: manifest, quarantine/,
+              never: _manifest.json, _quarantine/,
               _state/, _common_metadata
 ```
 
-A version folder holds more than data: ``manifest.json``, an SDSS version's ``quarantine/``
+A version folder holds more than data: ``_manifest.json``, an SDSS version's ``_quarantine/``
 (rows in another schema, set aside), its incremental state under ``_state/``, and a Petastorm
-split's ``_common_metadata``. Pointed at the folder, generic readers fail on the manifest or
-silently mix the quarantine's rows in, so readers are given the list of data files instead.
+split's ``_common_metadata``. Since folder layout 2 (data_catalog/layout.py) all of them have
+names readers skip, and the folder reads whole; a version written before keeps
+``manifest.json`` and ``quarantine/`` beside its splits, where generic readers fail on the one
+or silently mix the other in. The list of data files serves both.
 The selection is pure (it reads only the manifest); :meth:`data_catalog.Catalog.files` checks
 each selected file against the manifest before naming it.
 """
@@ -44,8 +46,9 @@ def data_entries(manifest: Manifest, split: str | None = None) -> list[FileEntry
             raise NoSuchSplit(
                 f"{manifest.ref} has no split {split!r}; its splits: {', '.join(layout.splits)}"
             )
-        folders = [split] if split is not None else list(layout.splits)
-        entries = [e for e in manifest.files if _is_data(e) and _folder(e) in folders]
+        chosen = [split] if split is not None else list(layout.splits)
+        entries = [e for s in chosen for e in layout.split_entries(manifest, s)]
+        entries.sort(key=lambda e: e.path)
     else:
         if split is not None:
             raise NoSuchSplit(
@@ -66,8 +69,3 @@ def _is_data(entry: FileEntry) -> bool:
     # Readers skip names starting with "_" or "." (Hive, Spark, pyarrow, dask): the same rule
     # keeps _common_metadata, _metadata and _state/ out.
     return entry.path.endswith(".parquet") and not any(p[:1] in ("_", ".") for p in parts)
-
-
-def _folder(entry: FileEntry) -> str:
-    parts = PurePosixPath(entry.path).parts
-    return parts[0] if len(parts) > 1 else ""

@@ -165,10 +165,12 @@ def source_fingerprint(
     within: Sequence[str],
     exclude: Sequence[str] = (),
     libraries: Sequence[str] = (),
+    facts: Mapping[str, int | str] | None = None,
 ) -> str:
     """``src-`` and 16 hex digits of the sha256 of the source of :func:`module_closure` (each
-    module's name and bytes) and of ``libraries``' installed versions: what a stage's output
-    bytes depend on, apart from its inputs and parameters.
+    module's name and bytes), of ``libraries``' installed versions and of ``facts`` (such as
+    the version folder's layout, which lives outside the stage's modules): what a stage's
+    output bytes and paths depend on, apart from its inputs and parameters.
 
     Reads source files only: none of the modules is imported."""
     digest = hashlib.sha256()
@@ -180,6 +182,8 @@ def source_fingerprint(
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     for library in sorted(libraries):
         digest.update(f"{library}=={_installed(library)}\0".encode())
+    for fact, value in sorted((facts or {}).items()):
+        digest.update(f"{fact}={value}\0".encode())
     return "src-" + digest.hexdigest()[:16]
 
 

@@ -26,11 +26,23 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from data_catalog.errors import CatalogError
-from data_catalog.manifest import Manifest
+from data_catalog.manifest import FileEntry, Manifest
 
 LAYOUT_VERSION = 1
 """The layout version this code writes and reads. Manifests without ``schema.layout_version``
 were written before it existed and hold version 1."""
+
+FOLDER_LAYOUT = 2
+"""The layout of a version folder this code writes. 2: each split in a hive folder
+``split=<name>/``, the quarantine in ``_quarantine/``, incremental state in ``_state/`` and the
+manifest as ``_manifest.json``, so that a Parquet reader pointed at the folder (pyarrow, Spark,
+dask, DuckDB and Polars with a ``split=*`` glob) reads the splits and nothing else, with a
+``split`` column. 1 (versions written before): ``<name>/``, ``quarantine/``, ``manifest.json``;
+still read, verified and trained on. Part of the identity of every dataset version
+(preprocessing.fingerprint), so a version in the new layout never takes an old one's id."""
+QUARANTINE = "quarantine"
+"""The part of a tabular version that holds the rows set aside (another schema)."""
+FOLDER_LAYOUTS = (1, 2)
 
 KINDS = ("images", "tabular")
 FORMATS = ("parquet", "petastorm")
@@ -68,6 +80,20 @@ class ManifestFields(TypedDict):
 
     schema: dict[str, Any]
     statistics: dict[str, Any]
+
+
+def part_folder(part: str, folder_layout: int = FOLDER_LAYOUT) -> str:
+    """The folder of ``part`` (a split name, or :data:`QUARANTINE`) in a version folder of
+    ``folder_layout``: ``split=train``, ``_quarantine`` (layout 1: ``train``, ``quarantine``)."""
+    if folder_layout == 1:
+        return part
+    return f"_{part}" if part == QUARANTINE else f"split={part}"
+
+
+def version_file(part: str, filename: str) -> str:
+    """The path, relative to the version folder, of ``filename`` of ``part`` (a split or
+    :data:`QUARANTINE`) in a version written now: every writer names its files through this."""
+    return f"{part_folder(part)}/{filename}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,12 +247,15 @@ class ProcessedLayout:
     """The hash fractions: ``{split: fraction}`` for tables (one source), ``{source split:
     {split: fraction}}`` for images (the source's train split feeds train and validation)."""
     splits: dict[str, SplitLayout]
-    """Each split in its folder of the same name; there is always a "train" split."""
+    """Each split in its folder (:meth:`folder`); there is always a "train" split."""
     normalization: Normalization
     quarantine: Quarantine | None = None
     """Tables: the rows set aside; None for images."""
     rows_in: int
     """Rows read from the raw version (tables: the splits' source rows + rows quarantined)."""
+    folder_layout: int = FOLDER_LAYOUT
+    """How the version's folder is laid out (:data:`FOLDER_LAYOUT`), as ``schema.splits``
+    records each split's folder."""
 
     def __post_init__(self) -> None:
         if self.layout_version != LAYOUT_VERSION:
@@ -236,6 +265,8 @@ class ProcessedLayout:
             )
         _require_choice("schema.kind", self.kind, KINDS)
         _require_choice("schema.format", self.format, FORMATS)
+        if self.folder_layout not in FOLDER_LAYOUTS:
+            raise LayoutError(f"folder layout {self.folder_layout!r} is none of {FOLDER_LAYOUTS}")
         _require_count("schema.num_classes", self.num_classes, minimum=1)
         _require_count("statistics.rows_in", self.rows_in)
         if len(self.class_names) != self.num_classes:
@@ -313,6 +344,22 @@ class ProcessedLayout:
         dimensions); () for tables."""
         return pixel_shape(self.image_shape) if self.image_shape is not None else ()
 
+    def folder(self, split: str) -> str:
+        """The folder of ``split`` in the version (``split=train``; ``train`` in layout 1)."""
+        return part_folder(split, self.folder_layout)
+
+    def split_entries(self, manifest: Manifest, split: str) -> list[FileEntry]:
+        """The manifest's Parquet files of ``split``'s folder, in the manifest's order (not its
+        ``_common_metadata``)."""
+        prefix = f"{self.folder(split)}/"
+        return [
+            e
+            for e in manifest.files
+            if e.path.startswith(prefix)
+            and e.path.endswith(".parquet")
+            and "/" not in e.path[len(prefix) :]
+        ]
+
     def to_manifest(self) -> ManifestFields:
         """The manifest's ``schema`` and ``statistics`` of this layout (the keys of every
         layout version 1 manifest, plus ``schema.layout_version``)."""
@@ -324,7 +371,7 @@ class ProcessedLayout:
             "columns": list(self.columns),
             "num_classes": self.num_classes,
             "class_names": list(self.class_names),
-            "splits": {name: name for name in self.splits},
+            "splits": {name: self.folder(name) for name in self.splits},
             "split_by": self.split_by,
             "split_fractions": self.split_fractions,
         }
@@ -361,11 +408,7 @@ class ProcessedLayout:
         kind = schema.text("kind")
         _require_choice_in(where, "schema.kind", kind, KINDS)
         folders = schema.text_map("splits")
-        for name, folder in folders.items():
-            if folder != name:
-                raise LayoutError(
-                    f"{where}: schema.splits.{name} is {folder!r}; a split's folder is its name"
-                )
+        folder_layout = _folder_layout(where, folders)
         splits = {
             name: SplitLayout._read(statistics.child(name))
             for name in (*SPLIT_NAMES, *sorted(set(folders) - set(SPLIT_NAMES)))
@@ -407,7 +450,21 @@ class ProcessedLayout:
             normalization=Normalization._read(statistics.child("normalization")),
             quarantine=quarantine,
             rows_in=statistics.integer("rows_in"),
+            folder_layout=folder_layout,
         )
+
+
+def _folder_layout(where: str, folders: dict[str, str]) -> int:
+    """The folder layout ``schema.splits`` records: every split in ``split=<name>`` (2) or
+    every split in ``<name>`` (1)."""
+    for layout in sorted(FOLDER_LAYOUTS, reverse=True):
+        if all(folder == part_folder(name, layout) for name, folder in folders.items()):
+            return layout
+    name, folder = next((n, f) for n, f in folders.items() if f != part_folder(n))
+    raise LayoutError(
+        f"{where}: schema.splits.{name} is {folder!r}; a split's folder is split={name} "
+        f"(or {name}, in versions written before), the same for every split"
+    )
 
 
 def pixel_shape(image_shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,12 +1,13 @@
 """The manifest: the one file that makes a version exist, and says what it holds.
 
-``manifest.json`` in a version directory lists every file with its size and sha256, the version's
-identity (parents, sources, parameters, code version) and its schema and statistics: free-form
-JSON to the catalog, a typed layout with a ``layout_version`` of its own for what the ingests and
-preprocessing write there (:mod:`data_catalog.layout`). Readers check the ``format_version``
-before trusting any other field: 2 (:data:`FORMAT_VERSION`) says the files' bytes are objects
-addressed by their sha256 (data_catalog/storage.py); 1, written before, says they live under the
-version's own prefix. Both are read.
+``_manifest.json`` in a version directory (``manifest.json`` in versions written before folder
+layout 2 of :mod:`data_catalog.layout`; both are found) lists every file with its size and
+sha256, the version's identity (parents, sources, parameters, code version) and its schema and
+statistics: free-form JSON to the catalog, a typed layout with a ``layout_version`` of its own
+for what the ingests and preprocessing write there (:mod:`data_catalog.layout`). Readers check
+the ``format_version`` before trusting any other field: 2 (:data:`FORMAT_VERSION`) says the
+files' bytes are objects addressed by their sha256 (data_catalog/storage.py); 1, written
+before, says they live under the version's own prefix. Both are read.
 
 A committed manifest also carries ``manifest_digest``: the sha256 of its own content (every
 other field, as canonical JSON). :meth:`Manifest.from_json` refuses a manifest whose content no
@@ -29,7 +30,12 @@ from data_catalog.errors import CatalogError
 FORMAT_VERSION = 2
 # Every format this code reads (see the module docstring).
 READABLE_FORMATS = (1, 2)
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = "_manifest.json"
+"""The manifest of a version written now: a name Parquet readers skip (a leading "_")."""
+LEGACY_MANIFEST_NAME = "manifest.json"
+"""The manifest of a version written before (folder layout 1): still found and read."""
+MANIFEST_NAMES = (MANIFEST_NAME, LEGACY_MANIFEST_NAME)
+"""Where a version's manifest may be, in the order readers look."""
 DIGEST_FIELD = "manifest_digest"
 # What `catalog verify` says of a manifest without a digest (written by shardflow before
 # manifests carried one): readable, but its own fields are not protected.

@@ -15,11 +15,12 @@ import pyarrow.parquet as pq
 
 from data_catalog.durability import failpoint, fsync_dir
 from data_catalog.errors import CatalogError
-from data_catalog.manifest import MANIFEST_NAME, FileEntry
+from data_catalog.manifest import MANIFEST_NAMES, FileEntry
 
 CHUNK_BYTES = 1 << 20
 # The catalog writes these at the top of a version directory; a staged file may not take them.
-RESERVED_NAMES = frozenset({MANIFEST_NAME, MANIFEST_NAME + ".tmp"})
+# Both manifest names: a staged manifest.json would make a reader take it for the manifest.
+RESERVED_NAMES = frozenset({*MANIFEST_NAMES, *(name + ".tmp" for name in MANIFEST_NAMES)})
 
 
 def digest(path: Path) -> tuple[int, str]:

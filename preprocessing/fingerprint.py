@@ -5,7 +5,8 @@ inputs and parameters.
         │ every module of this package it imports, directly or through others
         │ (not ORCHESTRATION: modules that plan, run and report tasks but write no byte)
         ▼
-    sha256 of their source + the versions of LIBRARIES ──► "src-<16 hex>", the version's code
+    sha256 of their source + the versions of LIBRARIES + the folder layout
+    (data_catalog.layout.FOLDER_LAYOUT) ──► "src-<16 hex>", the version's code
 
 A change to docs, tests, training/, the CLI or the driver changes no dataset id; a change to
 the SDSS feature code (preprocessing/sdss.py) changes the processed ids and not the raw ones.
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from data_catalog.identity import source_fingerprint
+from data_catalog.layout import FOLDER_LAYOUT
 
 # They decide where and when tasks run, validate options or watch progress; what each task
 # writes is decided by the stage's own modules. (A module here that starts to shape bytes must
@@ -45,8 +47,14 @@ LIBRARIES = ("numpy", "pyarrow", "petastorm", "astropy")
 @functools.cache
 def stage_code(module: str) -> str:
     """The fingerprint of the stage whose tasks live in ``module``."""
+    # The folder layout decides where every file of the version goes (split=train/ or train/,
+    # _manifest.json or manifest.json): a version in a new layout gets a new id.
     return source_fingerprint(
-        (module,), within=("preprocessing",), exclude=ORCHESTRATION, libraries=LIBRARIES
+        (module,),
+        within=("preprocessing",),
+        exclude=ORCHESTRATION,
+        libraries=LIBRARIES,
+        facts={"folder_layout": FOLDER_LAYOUT},
     )
 
 

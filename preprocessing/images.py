@@ -39,6 +39,7 @@ from data_catalog.layout import (
     IdxLayout,
     ImageSetLayout,
     ProcessedLayout,
+    part_folder,
     raw_layout,
 )
 from preprocessing import schemas, splits
@@ -406,9 +407,9 @@ class ImageJob:
                 row_groups = {
                     PurePosixPath(path).name: int(r["row_groups"])
                     for path, r in files.items()
-                    if path.startswith(f"{plan.split}/")
+                    if path.startswith(f"{part_folder(plan.split)}/")
                 }
-                metadata = stage.path / plan.split / "_common_metadata"
+                metadata = stage.path / part_folder(plan.split) / "_common_metadata"
                 write_petastorm_metadata(metadata, self.image_shape, row_groups)
         train_sums = [
             r["sums"] for r in sorted(written, key=lambda r: str(r["path"])) if "sums" in r

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from data_catalog.errors import ConfigError
-from data_catalog.layout import SplitLayout
+from data_catalog.layout import SplitLayout, version_file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +80,7 @@ class Shard:
 
     @property
     def path(self) -> str:
-        return f"{self.split}/part-{self.index:05d}.parquet"
+        return version_file(self.split, f"part-{self.index:05d}.parquet")
 
     @property
     def num_row_groups(self) -> int:

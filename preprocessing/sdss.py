@@ -15,9 +15,9 @@ keys of that bucket from every piece; a key already in a lower piece marks its r
     │  rescan pass, one task per piece holding such rows: the scan again, those rows quarantined
     │  as "duplicate (objid, specobjid)" too (none when the pieces share no key)
     ▼
-write pass, one task per piece: its rows of each split into <split>/part-NNNNN.parquet, in row
-groups of R rows (its last one shorter: no row is dropped or repeated); its quarantined rows into
-quarantine/part-NNNNN.parquet; its keys into _state/keys/part-NNNNN.arrow; its training rows'
+write pass, one task per piece: its rows of each split into split=<split>/part-NNNNN.parquet, in
+row groups of R rows (its last one shorter: no row is dropped or repeated); its quarantined rows
+into _quarantine/part-NNNNN.parquet; its keys into _state/keys/part-NNNNN.arrow; its training rows'
 feature sums for the normalisation
     ▼
 processed version "sdss-processed"; rows in = rows out + rows quarantined; _state/pieces.json
@@ -55,7 +55,14 @@ from data_catalog import (
     processed_name,
 )
 from data_catalog.errors import ConfigError, ShardflowError
-from data_catalog.layout import ProcessedLayout, Quarantine, SplitLayout
+from data_catalog.layout import (
+    QUARANTINE,
+    ProcessedLayout,
+    Quarantine,
+    SplitLayout,
+    part_folder,
+    version_file,
+)
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
@@ -217,7 +224,7 @@ def duplicates_path(work: str, bucket: int) -> Path:
 
 def output_path(split: str, piece: int) -> str:
     """Where piece ``piece``'s rows of ``split`` go in the version (also "quarantine")."""
-    return f"{split}/part-{piece:05d}.parquet"
+    return version_file(split, f"part-{piece:05d}.parquet")
 
 
 def keys_output_path(piece: int) -> str:
@@ -429,7 +436,7 @@ def _write_scan(
     kinds, counts = np.unique(codes[bad], return_counts=True)
     result["reasons"] = {REASONS[k]: int(c) for k, c in zip(kinds, counts, strict=True)}
     if bad.any():
-        relpath = f"quarantine/part-{number:05d}.parquet"
+        relpath = output_path(QUARANTINE, number)
         reasons = pa.array(np.asarray(REASONS, dtype=object)[codes[bad]], type=pa.string())
         quarantined = table.filter(pa.array(bad)).append_column("reason", reasons)
         written = write_parquet(
@@ -845,7 +852,7 @@ class SdssJob:
                 rows=sum(int(s["quarantined"]) for s in scans),
                 reasons=dict(sorted(reasons.items())),
                 files=sum("quarantine" in s for s in scans),
-                contents="quarantine/ (all raw columns + reason)",
+                contents=f"{part_folder(QUARANTINE)}/ (all raw columns + reason)",
             ),
             rows_in=sum(int(s["rows_in"]) for s in scans),
         )

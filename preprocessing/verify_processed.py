@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 
 from data_catalog import Catalog, Manifest, Problem
 from data_catalog.layout import LayoutError, ProcessedLayout, SplitLayout
-from data_catalog.manifest import MANIFEST_NAME
 
 # Both figures are recomputed bit for bit as the writer computed them; the tolerance only
 # absorbs a last-digit difference should a numpy upgrade sum in another order.
@@ -50,7 +49,7 @@ def check_processed(catalog: Catalog, manifest: Manifest) -> list[Problem]:
     kinds, and for catalogs that are not local (preprocessing writes only to local catalogs)."""
     if manifest.kind != "processed" or not catalog.is_local:
         return []
-    location = f"{catalog.version_url(manifest.name, manifest.version)}/{MANIFEST_NAME}"
+    location = catalog.manifest_location(manifest.name, manifest.version)
     try:
         layout = ProcessedLayout.of(manifest)
     except LayoutError as exc:
@@ -71,11 +70,8 @@ def check_processed(catalog: Catalog, manifest: Manifest) -> list[Problem]:
 
 
 def _split_files(catalog: Catalog, manifest: Manifest, split: str) -> list[Path]:
-    return [
-        catalog.file_path(manifest, entry)
-        for entry in sorted(manifest.files, key=lambda e: e.path)
-        if entry.path.startswith(f"{split}/") and entry.path.endswith(".parquet")
-    ]
+    entries = ProcessedLayout.of(manifest).split_entries(manifest, split)
+    return [catalog.file_path(manifest, entry) for entry in sorted(entries, key=lambda e: e.path)]
 
 
 def _row_group_rows(path: Path) -> list[int]:

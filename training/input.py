@@ -50,11 +50,11 @@ def group_rows(
         )
     per_group = split.rows_per_group
     sizes: list[int] = []
-    for entry in sorted(manifest.files, key=lambda e: e.path):
-        if entry.path.startswith(f"{name}/") and entry.path.endswith(".parquet"):
-            groups, rows = int(entry.row_groups or 0), int(entry.rows or 0)
-            if groups:
-                sizes += [per_group] * (groups - 1) + [rows - per_group * (groups - 1)]
+    entries = ProcessedLayout.of(manifest).split_entries(manifest, name)
+    for entry in sorted(entries, key=lambda e: e.path):
+        groups, rows = int(entry.row_groups or 0), int(entry.rows or 0)
+        if groups:
+            sizes += [per_group] * (groups - 1) + [rows - per_group * (groups - 1)]
     return sizes
 
 
@@ -664,7 +664,9 @@ def as_url(location: str | Path | list[str]) -> str | list[str]:
     text = str(location)
     if "://" in text:
         return text
-    return Path(text).resolve().as_uri()
+    # Not Path.as_uri(): it percent-encodes "=" (split=train -> split%3Dtrain), and petastorm
+    # opens a file:// URL's path as it is spelled, without unquoting it.
+    return f"file://{Path(text).resolve()}"
 
 
 def load_split(directory: str | Path | list[str], spec: InputSpec) -> tuple[Any, Any]:

@@ -52,10 +52,10 @@ def find_horovodrun() -> str:
 
 def _train_groups(processed: Manifest) -> list[str]:
     """The training row groups as "file#row_group", in petastorm's order (file path order)."""
+    entries = ProcessedLayout.of(processed).split_entries(processed, "train")
     return [
         f"{entry.path}#{index}"
-        for entry in sorted(processed.files, key=lambda e: e.path)
-        if entry.path.startswith("train/") and entry.path.endswith(".parquet")
+        for entry in sorted(entries, key=lambda e: e.path)
         for index in range(entry.row_groups or 0)
     ]
 
@@ -88,11 +88,10 @@ def _split_location(catalog: Catalog, manifest: Manifest, split: str) -> str | N
     """Where the ranks read ``split`` of ``manifest``: a local folder, or a URL under an
     object-store catalog (each rank reads its own row groups from the store); None when the
     version has no such split."""
-    if not any(f.path.startswith(f"{split}/") for f in manifest.files):
+    layout = ProcessedLayout.of(manifest)
+    if split not in layout.splits or not layout.split_entries(manifest, split):
         return None
-    if catalog.is_local:
-        return str(catalog.version_dir(manifest.name, manifest.version) / split)
-    return f"{catalog.version_url(manifest.name, manifest.version)}/{split}"
+    return catalog.split_url(manifest, split)
 
 
 def _split_files(catalog: Catalog, manifest: Manifest) -> dict[str, list[str]] | None:
@@ -100,12 +99,15 @@ def _split_files(catalog: Catalog, manifest: Manifest) -> dict[str, list[str]] |
     object store holding a version's files as content-addressed objects); else None."""
     if catalog.is_local or manifest.format_version == 1:
         return None
-    files: dict[str, list[str]] = {}
-    for entry in sorted(manifest.files, key=lambda e: e.path):
-        split, _, name = entry.path.partition("/")
-        if name.endswith(".parquet") and split in ("train", "validation", "test"):
-            files.setdefault(split, []).append(catalog.file_url(manifest, entry))
-    return files
+    layout = ProcessedLayout.of(manifest)
+    return {
+        split: [
+            catalog.file_url(manifest, entry)
+            for entry in sorted(layout.split_entries(manifest, split), key=lambda e: e.path)
+        ]
+        for split in layout.splits
+        if layout.split_entries(manifest, split)
+    }
 
 
 def train(

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from data_catalog import Catalog, Manifest, Problem
 from data_catalog.errors import ShardflowError
 from data_catalog.layout import LayoutError, ProcessedLayout
-from data_catalog.manifest import MANIFEST_NAME, FileEntry
+from data_catalog.manifest import FileEntry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,10 +99,9 @@ def layout_problems(
     from) against its Parquet footers."""
     train = layout.train
     groups: list[list[int]] = []
-    for entry in sorted(processed.files, key=lambda e: e.path):
-        if entry.path.startswith("train/") and entry.path.endswith(".parquet"):
-            metadata = _footer(catalog, processed, entry)
-            groups.append([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
+    for entry in sorted(layout.split_entries(processed, "train"), key=lambda e: e.path):
+        metadata = _footer(catalog, processed, entry)
+        groups.append([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
     sizes = [n for g in groups for n in g]
     problems = []
     if train.num_row_groups != len(sizes):
@@ -129,7 +128,7 @@ def layout_problems(
 
 
 def _manifest_location(catalog: Catalog, processed: Manifest) -> str:
-    return f"{catalog.version_url(processed.name, processed.version)}/{MANIFEST_NAME}"
+    return catalog.manifest_location(processed.name, processed.version)
 
 
 def _footer(catalog: Catalog, processed: Manifest, entry: FileEntry) -> pq.FileMetaData:

@@ -27,7 +27,7 @@ from typing import Any
 from data_catalog import Catalog, processed_name
 from data_catalog.layout import ProcessedLayout
 from training.config import LaunchConfig, TrainConfig
-from training.input import InputSpec, in_batches, load_split, plan_steps
+from training.input import InputSpec, as_url, in_batches, load_split, plan_steps
 from training.rank.config import WorkerConfig
 
 SLOW_CALLBACK = "is slow compared to the batch time"
@@ -91,7 +91,6 @@ def _config(
 ) -> Any:
     manifest = catalog.get(processed_name(dataset))
     layout = ProcessedLayout.of(manifest)
-    directory = catalog.version_dir(manifest.name, manifest.version)
     spec = InputSpec.of(layout)
     steps = min(steps or 10**9, plan_steps(layout.train, 1, batch_size))
     config = WorkerConfig(
@@ -103,8 +102,8 @@ def _config(
             seed=0,
         ),
         launch=LaunchConfig(),
-        train_url=(directory / "train").resolve().as_uri(),
-        test_dir=str(directory / "test"),
+        train_url=str(as_url(catalog.split_dir(manifest, "train"))),
+        test_dir=str(catalog.split_dir(manifest, "test")),
         run_dir=str(run_dir),
         spec=asdict(spec),
         num_classes=layout.num_classes,

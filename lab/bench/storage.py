@@ -353,7 +353,7 @@ def _split(catalog: Catalog, request: StorageRequest, scratch: Path, progress: P
     if not catalog.is_local:
         raise ShardflowError("bench storage reads a local catalog's files (the device is local)")
     layout = ProcessedLayout.of(manifest)
-    directory = catalog.version_dir(manifest.name, manifest.version) / "train"
+    directory = catalog.split_dir(manifest, "train")
     spec = InputSpec.of(layout)
     url: str = as_url(directory)  # type: ignore[assignment]
     grown = bool(request.grow_rows or request.image_size)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -23,17 +24,20 @@ from data_catalog.errors import ShardflowError
 from data_catalog.layout import ProcessedLayout
 from training import models
 from training.config import LaunchConfig, TrainConfig
-from training.input import InputSpec, load_split, make_train_dataset, plan_steps
+from training.input import InputSpec, as_url, load_split, make_train_dataset, plan_steps
 from training.launcher import run_ranks
 from training.rank.config import WorkerConfig
 
 Progress = Callable[[str], None]
 
 
-def _processed(catalog: Catalog, dataset: str) -> tuple[Manifest, ProcessedLayout, Path]:
+def _processed(
+    catalog: Catalog, dataset: str
+) -> tuple[Manifest, ProcessedLayout, Callable[[str], Path]]:
+    """The newest processed version of ``dataset``, its layout, and its split folders."""
     manifest = catalog.get(processed_name(dataset))
     layout = ProcessedLayout.of(manifest)
-    return manifest, layout, catalog.version_dir(manifest.name, manifest.version)
+    return manifest, layout, functools.partial(catalog.split_dir, manifest)
 
 
 def _model_for(spec: InputSpec) -> str:
@@ -53,10 +57,10 @@ def bench_reader(
     """Epoch time streaming ÷ epoch time from memory (1.0 = streaming costs nothing)."""
     import tensorflow as tf
 
-    manifest, layout, directory = _processed(catalog, dataset)
+    manifest, layout, split_dir = _processed(catalog, dataset)
     steps = min(steps, plan_steps(layout.train, 1, batch_size))
     spec = InputSpec.of(layout)
-    inputs, labels = load_split(directory / "train", spec)
+    inputs, labels = load_split(split_dir("train"), spec)
     in_memory = (
         tf.data.Dataset.from_tensor_slices((inputs, labels))
         .shuffle(4096, seed=0)
@@ -65,7 +69,7 @@ def bench_reader(
         .prefetch(tf.data.AUTOTUNE)
     )
     streamed = make_train_dataset(
-        (directory / "train").resolve().as_uri(),
+        str(as_url(split_dir("train"))),
         spec,
         rank=0,
         num_ranks=1,
@@ -132,7 +136,7 @@ def bench_scaling(
     a noisy neighbour on a shared machine does not decide the ratio. The default batch (128 per
     rank) is a throughput benchmark's: at 32, a step's allreduce weighs as much as its compute.
     """
-    manifest, layout, directory = _processed(catalog, dataset)
+    manifest, layout, split_dir = _processed(catalog, dataset)
     steps = min(steps, plan_steps(layout.train, 2, batch_size))
     throughput: dict[int, float] = {1: 0.0, 2: 0.0}
     measured: dict[str, list[float]] = {"1": [], "2": []}
@@ -156,8 +160,8 @@ def bench_scaling(
             WorkerConfig(
                 train=config,
                 launch=launch,
-                train_url=(directory / "train").resolve().as_uri(),
-                test_dir=str(directory / "test"),
+                train_url=str(as_url(split_dir("train"))),
+                test_dir=str(split_dir("test")),
                 run_dir=str(run_dir),
                 spec=asdict(spec),
                 num_classes=layout.num_classes,
@@ -264,7 +268,7 @@ def bench_aggregation(
     epoch and test accuracy. Every cell is a real training run, committed as a model version."""
     from training.launcher import train
 
-    _manifest, layout, _directory = _processed(catalog, dataset)
+    _manifest, layout, _split_dir = _processed(catalog, dataset)
     model = _model_for(InputSpec.of(layout))
     rows = []
     for num_ranks in ranks:

@@ -84,11 +84,11 @@ def test_commit_then_read_back(catalog: Catalog) -> None:
 def test_same_identity_gives_the_same_version_and_writes_nothing(catalog: Catalog) -> None:
     first = commit(catalog, "ds", FILES, parameters={"k": 1})
     before = files_under(catalog.root)
-    mtime = (catalog.version_dir("ds", first.version) / "manifest.json").stat().st_mtime_ns
+    mtime = (catalog.version_dir("ds", first.version) / "_manifest.json").stat().st_mtime_ns
     second = commit(catalog, "ds", FILES, parameters={"k": 1})
     assert second == first
     assert files_under(catalog.root) == before
-    manifest_path = catalog.version_dir("ds", first.version) / "manifest.json"
+    manifest_path = catalog.version_dir("ds", first.version) / "_manifest.json"
     assert manifest_path.stat().st_mtime_ns == mtime
     assert list((catalog.root / "staging").iterdir()) == []
     assert len(catalog.versions("ds")) == 1
@@ -181,9 +181,9 @@ def test_verify_reports_unreadable_manifests_and_extra_files(catalog: Catalog) -
     assert [(p.path, p.reason) for p in catalog.verify()] == [
         (str(directory / "stray.txt"), "not in manifest")
     ]
-    (directory / "manifest.json").write_text('{"format_version": 1, "name"')
+    (directory / "_manifest.json").write_text('{"format_version": 1, "name"')
     [problem] = catalog.verify()
-    assert problem.path == str(directory / "manifest.json")
+    assert problem.path == str(directory / "_manifest.json")
     assert problem.reason.startswith("unreadable manifest: garbled manifest")
     with pytest.raises(CatalogError, match="run `shardflow catalog verify ds`"):
         catalog.get("ds")

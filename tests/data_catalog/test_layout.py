@@ -230,7 +230,8 @@ def _rename(path: str, new: str) -> Callable[[dict[str, Any]], None]:
         (
             "fm-parquet",
             _set("schema.splits", {"train": "training"}),
-            "schema.splits.train is 'training'; a split's folder is its name",
+            "schema.splits.train is 'training'; a split's folder is split=train (or train, in "
+            "versions written before), the same for every split",
         ),
         ("fm-parquet", _set("statistics.train", ...), "statistics.train is missing"),
         (

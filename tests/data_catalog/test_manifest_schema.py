@@ -31,7 +31,7 @@ def committed_manifest(tmp_path: Path) -> dict[str, Any]:
     catalog = Catalog(tmp_path / "catalog")
     parent = catalog.get("a", commit(tmp_path / "catalog", "a", 1))
     version = commit(tmp_path / "catalog", "b", 2, parents=(parent.ref,))
-    text = (catalog.version_dir("b", version) / "manifest.json").read_text()
+    text = (catalog.version_dir("b", version) / "_manifest.json").read_text()
     data: dict[str, Any] = json.loads(text)
     return data
 

@@ -67,7 +67,7 @@ def test_commit_then_read_back(catalog: Catalog, url: str, cache: Path) -> None:
     key = f"datasets/ds/{manifest.version}"
     # A version is its manifest; its files are objects named by their sha256.
     stored = sorted(f"objects/{f.sha256[:2]}/{f.sha256}" for f in manifest.files)
-    assert sorted(objects(url)) == sorted([*stored, f"{key}/manifest.json"])
+    assert sorted(objects(url)) == sorted([*stored, f"{key}/_manifest.json"])
     entry = manifest.files[1]
     assert entry.path == "sub/b.bin"
     assert catalog.file_url(manifest, entry) == f"{url}/objects/{entry.sha256[:2]}/{entry.sha256}"
@@ -78,7 +78,7 @@ def test_commit_then_read_back(catalog: Catalog, url: str, cache: Path) -> None:
     assert list((cache / "staging").iterdir()) == []
     with sqlite3.connect(cache / "index.sqlite") as db:
         rows = set(db.execute("SELECT name, version, manifest_path FROM versions"))
-    assert rows == {("ds", manifest.version, f"{url}/{key}/manifest.json")}
+    assert rows == {("ds", manifest.version, f"{url}/{key}/_manifest.json")}
 
 
 def test_local_only_accessors_name_their_url_replacements(catalog: Catalog) -> None:
@@ -116,7 +116,7 @@ def test_same_identity_gives_the_same_version_and_writes_nothing(
     first = commit(catalog, "ds", FILES, parameters={"k": 1})
     before = objects(url)
     store = ObjectStore(url, {})
-    manifest_key = f"datasets/ds/{first.version}/manifest.json"
+    manifest_key = f"datasets/ds/{first.version}/_manifest.json"
     written = store.fs.modified(store.path(manifest_key))
     second = commit(catalog, "ds", FILES, parameters={"k": 1})
     assert second == first
@@ -161,7 +161,7 @@ def test_verify_names_the_url_of_each_damaged_object(catalog: Catalog, url: str)
 
 def test_verify_and_get_report_a_garbled_manifest(catalog: Catalog) -> None:
     manifest = commit(catalog, "ds", FILES)
-    manifest_url = f"{catalog.version_url('ds', manifest.version)}/manifest.json"
+    manifest_url = f"{catalog.version_url('ds', manifest.version)}/_manifest.json"
     fsspec.filesystem("memory").pipe_file(manifest_url, b'{"format_version": 1, "name"')
     [problem] = catalog.verify()
     assert problem.path == manifest_url

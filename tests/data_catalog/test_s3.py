@@ -154,7 +154,7 @@ def test_commit_read_and_verify_a_parquet_version(
     assert [f.path for f in manifest.files] == ["blobs/data.bin", "notes.txt", "part.parquet"]
     prefix = f"catalog/datasets/fmnist/{version}"
     stored = {f.path: f"catalog/objects/{f.sha256[:2]}/{f.sha256}" for f in manifest.files}
-    assert keys(endpoint, bucket) == sorted([*stored.values(), f"{prefix}/manifest.json"])
+    assert keys(endpoint, bucket) == sorted([*stored.values(), f"{prefix}/_manifest.json"])
     assert catalog.verify() == []
     part = next(f for f in manifest.files if f.path == "part.parquet")
     assert (part.rows, part.row_groups) == (10, 2)

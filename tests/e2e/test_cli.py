@@ -65,13 +65,13 @@ def test_run_fashion_subset_as_one_flow(
     stats = shown["statistics"]
     files = {Path(f["path"]).relative_to(shown["directory"]).as_posix(): f for f in shown["files"]}
     assert sorted(files) == [
-        "test/part-00000.parquet",
-        "train/part-00000.parquet",
-        "validation/part-00000.parquet",
+        "split=test/part-00000.parquet",
+        "split=train/part-00000.parquet",
+        "split=validation/part-00000.parquet",
     ]
     # The 2,000 training images are hashed into train and validation; train is cut into 64
     # equal row groups (1, 2, 4, ... 64 ranks all get equal rows), the rest dropped, counted.
-    train = pq.ParquetFile(files["train/part-00000.parquet"]["path"])
+    train = pq.ParquetFile(files["split=train/part-00000.parquet"]["path"])
     assert train.metadata.num_row_groups == 64
     group = stats["train"]["rows_per_group"]
     assert [train.metadata.row_group(i).num_rows for i in range(64)] == [group] * 64

@@ -1,12 +1,18 @@
 """A version read by the ecosystem's own readers through `Catalog.files` and `shardflow catalog
-files`: DuckDB, Polars and dask.dataframe count exactly the manifest's rows per split, never a
-quarantine row; a Petastorm-format version reads back through petastorm's `make_reader` with its
-Unischema, pixels equal to the source IDX files."""
+files`, and its folder read whole (folder layout 2: `split=<name>/` hive folders, everything else
+under `_` names): DuckDB, Polars, pyarrow.dataset and dask.dataframe count exactly the
+manifest's rows per split, never a quarantine row; a Petastorm-format version reads back through
+petastorm's `make_reader` with its Unischema, pixels equal to the source IDX files. A version
+committed in the old layout (`<split>/`, `quarantine/`, `manifest.json`) stays readable,
+verifiable, trainable and gc-safe."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import dask
@@ -14,13 +20,16 @@ import dask.dataframe as dd
 import duckdb
 import numpy as np
 import polars as pl
+import pyarrow.dataset as pads
 import pytest
 
-from data_catalog import Catalog, CatalogError
+from data_catalog import Catalog, CatalogError, Manifest
 from data_catalog.layout import ProcessedLayout
+from data_catalog.storage import object_key
 from preprocessing.schemas import image_unischema
 from preprocessing.sources import idx
 from tests.conftest import STEMS, Result
+from training.input import as_url
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +57,46 @@ def _check_every_split(catalog: Catalog, name: str) -> ProcessedLayout:
     assert set(layout.splits) == {"train", "validation", "test"}
     for split, counts in layout.splits.items():
         files = catalog.files(name, split=split)
-        assert all(f"/{split}/" in f and f.endswith(".parquet") for f in files)
+        assert all(f"/split={split}/" in f and f.endswith(".parquet") for f in files)
         assert _read_counts(files, layout.label_column) == (counts.rows,) * 6, split
     whole = catalog.files(name)
     assert _read_counts(whole, layout.label_column) == (layout.rows,) * 6
+    _check_folder_whole(catalog, name, layout)
     return layout
+
+
+def _check_folder_whole(catalog: Catalog, name: str, layout: ProcessedLayout) -> None:
+    """The version's folder read whole, each tool's one line of docs/catalog-storage.md: per
+    split, (rows, labelled rows) equal the manifest's, and no column of the quarantine."""
+    manifest = catalog.get(name)
+    folder = catalog.version_dir(manifest.name, manifest.version)
+    label = layout.label_column
+    expected = {split: (counts.rows, counts.rows) for split, counts in layout.splits.items()}
+    # DuckDB and Polars read names starting with "_" (DuckDB's read_parquet of the folder
+    # counts the quarantine's rows; Polars refuses _manifest.json): the split=* glob.
+    glob = f"{folder}/split=*/*.parquet"
+    relation = duckdb.sql(
+        f"select split, count(*), count({label}) "
+        f"from read_parquet('{glob}', hive_partitioning=true) group by split"
+    )
+    assert relation is not None
+    assert {split: (rows, n) for split, rows, n in relation.fetchall()} == expected
+    polars = pl.scan_parquet(glob, hive_partitioning=True)
+    assert "reason" not in polars.collect_schema().names()
+    counted = polars.group_by("split").agg(pl.len(), pl.col(label).count()).collect().rows()
+    assert {split: (rows, n) for split, rows, n in counted} == expected
+    # pyarrow skips "_"- and "."-prefixed names itself (ignore_prefixes): the folder as it is.
+    table = pads.dataset(folder, format="parquet", partitioning="hive").to_table()
+    assert table.column_names == [*layout.columns, "split"]
+    grouped = table.group_by("split").aggregate([("split", "count"), (label, "count")])
+    assert {
+        row["split"]: (row["split_count"], row[f"{label}_count"]) for row in grouped.to_pylist()
+    } == expected
+    # dask lists every *.parquet under a folder, _quarantine/ too: the glob again.
+    frame = dd.read_parquet(glob)
+    assert "reason" not in frame.columns
+    sizes = frame.groupby("split", observed=True)[label].agg(["size", "count"]).compute()
+    assert {str(k): (int(r["size"]), int(r["count"])) for k, r in sizes.iterrows()} == expected
 
 
 def test_sdss_version_read_whole_without_quarantine(
@@ -77,6 +121,74 @@ def test_sdss_version_read_whole_without_quarantine(
     assert listed.stdout.split() == catalog.files("sdss-processed", split="train")
 
 
+def _legacy_path(path: str) -> str:
+    """Where folder layout 1 kept the file folder layout 2 keeps at ``path``."""
+    first, _, rest = path.partition("/")
+    if first.startswith("split="):
+        return f"{first[len('split=') :]}/{rest}"
+    return f"quarantine/{rest}" if first == "_quarantine" else path
+
+
+def _commit_as_before(catalog: Catalog, manifest: Manifest, root: Path) -> Manifest:
+    """``manifest``'s version committed into the catalog at ``root`` as shardflow wrote it
+    before folder layout 2: each file in ``<split>/`` or ``quarantine/`` (a hard link to its
+    object), ``schema.splits`` naming those folders, and the manifest as ``manifest.json``."""
+    folder = root / "datasets" / manifest.name / manifest.version
+    for entry in manifest.files:
+        stored = root / object_key(entry.sha256)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        if not stored.exists():
+            os.link(catalog.file_path(manifest, entry), stored)
+        target = folder / _legacy_path(entry.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(stored, target)
+    files = [replace(e, path=_legacy_path(e.path)) for e in manifest.files]
+    schema = {**manifest.schema, "splits": {s: s for s in manifest.schema["splits"]}}
+    schema["quarantine"] = "quarantine/ (all raw columns + reason)"
+    old = replace(manifest, files=tuple(sorted(files, key=lambda e: e.path)), schema=schema)
+    (folder / "manifest.json").write_text(old.sealed().to_json())
+    return old
+
+
+def test_a_version_in_the_old_layout_stays_readable_verifiable_and_trainable(
+    shardflow: Callable[..., Result], home: Path, tmp_path: Path
+) -> None:
+    """Runs after the SDSS test (same module home), before the test that damages a file: its
+    version, committed into another catalog as the code before folder layout 2 did, is read
+    through its manifest.json."""
+    catalog = Catalog(home / "catalog")
+    new = catalog.get("sdss-processed")
+    old_home = tmp_path / "old"
+    old = _commit_as_before(catalog, new, old_home / "catalog")
+    assert not any(p.startswith(("split=", "_quarantine/")) for p in (f.path for f in old.files))
+    before = Catalog(old_home / "catalog")
+    assert before.get("sdss-processed") == old.sealed()
+    assert before.manifest_location(old.name, old.version).endswith("/manifest.json")
+    layout = ProcessedLayout.of(before.get("sdss-processed"))
+    assert layout.folder_layout == 1 and layout.folder("train") == "train"
+    assert before.verify() == []
+    verified = shardflow("catalog", "verify", home=old_home)
+    assert verified.returncode == 0, verified.stderr
+
+    listed = shardflow("catalog", "files", "sdss-processed", "--split", "train", home=old_home)
+    assert listed.returncode == 0, listed.stderr
+    files = listed.stdout.split()
+    assert files and all("/train/part-" in f for f in files)
+    relation = duckdb.sql(f"select count(*) from read_parquet({files!r})")
+    assert relation is not None and relation.fetchall() == [(layout.train.rows,)]
+    assert before.split_dir(old, "test") == before.version_dir(old.name, old.version) / "test"
+
+    # gc keeps every file of a version whose manifest has the old name.
+    assert before.gc(min_age=timedelta(0)) == []
+    assert before.verify() == []
+    trained = shardflow(
+        "train", "sdss", "--np", "1", "--epochs", "1", "--batch-size", "256", home=old_home
+    )
+    assert trained.returncode == 0, trained.stderr
+    model = before.get("sdss-dnn")
+    assert model.parents[0].version == old.version
+
+
 def test_petastorm_images_read_whole(
     shardflow: Callable[..., Result], home: Path, fashion_subset: Path
 ) -> None:
@@ -92,7 +204,7 @@ def test_petastorm_images_read_whole(
     _check_every_split(catalog, "fashion-mnist-processed")
     # The Petastorm metadata stays with its split but is not handed to readers as data.
     manifest = catalog.get("fashion-mnist-processed")
-    assert any(f.path == "train/_common_metadata" for f in manifest.files)
+    assert any(f.path == "split=train/_common_metadata" for f in manifest.files)
     assert not any("_common_metadata" in f for f in catalog.files("fashion-mnist-processed"))
     _check_make_reader(catalog, fashion_subset)
 
@@ -121,7 +233,7 @@ def _check_make_reader(catalog: Catalog, fashion_subset: Path) -> None:
             _source(fashion_subset, raw, "images"),
             _source(fashion_subset, raw, "labels"),
         )
-        url = (catalog.version_dir(manifest.name, manifest.version) / split).as_uri()
+        url = str(as_url(catalog.split_dir(manifest, split)))
         with warnings.catch_warnings():
             # petastorm 0.13.1 on pyarrow 14's legacy ParquetDataset (docs/STACK.md).
             warnings.simplefilter("ignore", FutureWarning)

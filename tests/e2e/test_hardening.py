@@ -272,7 +272,7 @@ def test_one_garbled_manifest_hides_nothing_else(tiny_home: Path, fashion_subset
     catalog = Catalog(str(tiny_home / "catalog"))
     good = mnist.ingest(catalog, "mnist", source=str(fashion_subset))
     bad = catalog.get("fashion-mnist")
-    manifest = Path(catalog.version_url(bad.name, bad.version)) / "manifest.json"
+    manifest = Path(catalog.version_url(bad.name, bad.version)) / "_manifest.json"
     manifest.write_bytes(b"\xff{not json")
     listed = ok(finish(start(tiny_home, "catalog", "list", "--json")))
     assert [(d["name"], d["latest"]) for d in listed.json["datasets"]] == [("mnist", good.version)]

@@ -48,7 +48,7 @@ def home(processed_home: Path, shardflow_home: Path) -> Path:
 
 def processed_dir(home: Path) -> Path:
     (manifest,) = (home / "catalog" / "datasets" / "fashion-mnist-processed").glob(
-        "*/manifest.json"
+        "*/_manifest.json"
     )
     return manifest.parent
 
@@ -64,7 +64,7 @@ def kinds(shardflow: Callable[..., Result]) -> set[str]:
 def test_a_flipped_byte_in_a_train_shard_stops_train_before_any_rank(
     shardflow: Callable[..., Result], home: Path
 ) -> None:
-    (shard,) = (processed_dir(home) / "train").glob("*.parquet")
+    (shard,) = (processed_dir(home) / "split=train").glob("*.parquet")
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
@@ -88,7 +88,7 @@ def test_a_flipped_byte_in_a_train_shard_stops_train_before_any_rank(
 
 
 def edit_train_file_rows(manifest: dict[str, Any]) -> None:
-    entry = next(f for f in manifest["files"] if f["path"].startswith("train/"))
+    entry = next(f for f in manifest["files"] if f["path"].startswith("split=train/"))
     entry["rows"] -= 1
 
 
@@ -103,7 +103,7 @@ def edit_normalization_mean(manifest: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (edit_train_file_rows, r"files\[train/part-00000\.parquet\]\.rows is 1855"),
+        (edit_train_file_rows, r"files\[split=train/part-00000\.parquet\]\.rows is 1855"),
         (edit_rows_per_group, r"statistics\.train\.rows_per_group is 30"),
         (edit_normalization_mean, r"statistics\.normalization\.mean\[0\] is 0\.2942"),
     ],
@@ -114,7 +114,7 @@ def test_a_hand_edited_manifest_is_named_by_verify_and_refused_by_train(
     edit: Callable[[dict[str, Any]], None],
     field: str,
 ) -> None:
-    path = processed_dir(home) / "manifest.json"
+    path = processed_dir(home) / "_manifest.json"
     manifest = json.loads(path.read_text())
     edit(manifest)
     path.write_text(json.dumps(manifest, indent=2))

@@ -184,7 +184,7 @@ def test_pipeline_run_is_recorded_with_task_runs_and_artifacts(
         timeout=120,
     ).stdout
     assert "fashion-mnist-shards" in dom
-    assert "train/part-00000.parquet" in dom
+    assert "split=train/part-00000.parquet" in dom
     artifacts_shot = tmp_path / "artifacts.png"
     subprocess.run(
         [*chromium, f"--screenshot={artifacts_shot}", artifacts_page],

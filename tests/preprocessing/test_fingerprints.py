@@ -124,6 +124,21 @@ def test_the_driver_and_the_catalog_are_no_stage_code(tree: Path) -> None:
     assert _codes(tree) == before
 
 
+def test_a_new_folder_layout_changes_every_dataset_code(tree: Path) -> None:
+    """Where a version's files go (data_catalog.layout.FOLDER_LAYOUT) is part of every dataset
+    stage's identity: versions in a new layout get new ids; the model's code stays."""
+    before = _codes(tree)
+    layout = tree / "data_catalog" / "layout.py"
+    text = layout.read_text()
+    changed = text.replace("\nFOLDER_LAYOUT = 2\n", "\nFOLDER_LAYOUT = 3\n")
+    assert changed != text
+    layout.write_text(changed)
+    after = _codes(tree)
+    layout.write_text(text)
+    assert all(after[k] != before[k] for k in before if k != "model")
+    assert after["model"] == before["model"]
+
+
 def test_the_model_code_is_the_rank_program_s_own() -> None:
     modules = module_closure(("training.worker",), within=("training",))
     assert {"training.worker", "training.models", "training.input"} <= set(modules)

@@ -53,7 +53,7 @@ def test_splits_hold_every_record_once_with_its_pixels(
     options = JobOptions(plan=PlanConfig(rank_multiple=8, target_rows_per_shard=400))
     manifest, directory = _run(catalog, options, tmp_path / "work")
     stats = manifest.statistics  # type: ignore[attr-defined]
-    tables = {s: pq.read_table(directory / s) for s in ("train", "validation", "test")}
+    tables = {s: pq.read_table(directory / f"split={s}") for s in ("train", "validation", "test")}
     train_ids = tables["train"].column("index").to_pylist()
     validation_ids = tables["validation"].column("index").to_pylist()
     # The training source is split by hash into train and validation, with no overlap; only
@@ -63,7 +63,7 @@ def test_splits_hold_every_record_once_with_its_pixels(
     assert 0.02 < len(validation_ids) / TRAIN < 0.09
     assert tables["test"].column("index").to_pylist() == list(range(TEST))
     # Row groups: equal in train, a multiple of the rank multiple.
-    for part in sorted((directory / "train").glob("*.parquet")):
+    for part in sorted((directory / "split=train").glob("*.parquet")):
         metadata = pq.read_metadata(part)
         sizes = {metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)}
         assert sizes == {stats["train"]["rows_per_group"]}
@@ -108,7 +108,7 @@ def test_petastorm_format_reads_with_make_reader(raw: tuple[Catalog, Path], tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         with make_reader(
-            (directory / "test").as_uri(), num_epochs=1, reader_pool_type="dummy"
+            f"file://{directory / 'split=test'}", num_epochs=1, reader_pool_type="dummy"
         ) as reader:
             rows = list(reader)
     assert sorted(int(r.index) for r in rows) == list(range(TEST))

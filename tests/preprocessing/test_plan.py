@@ -33,7 +33,7 @@ def test_training_split_has_equal_groups_for_every_rank_count(rows: int) -> None
 def test_full_fashion_mnist_drops_nothing() -> None:
     plan = plan_training_split("train", 60_000, PlanConfig(rank_multiple=8))
     assert plan.dropped_rows == 0
-    assert plan.shards[0].path == "train/part-00000.parquet"
+    assert plan.shards[0].path == "split=train/part-00000.parquet"
 
 
 def test_plan_is_deterministic() -> None:

@@ -65,7 +65,7 @@ def test_a_killed_worker_changes_nothing(
     directory = crashed_catalog.version_dir(crashed.name, crashed.version)
     unique = set()
     for split in ("train", "validation", "test"):
-        table = pq.read_table(directory / split, columns=["objid", "specobjid"])
+        table = pq.read_table(directory / f"split={split}", columns=["objid", "specobjid"])
         unique |= set(
             zip(
                 table.column("objid").to_pylist(),
@@ -73,7 +73,7 @@ def test_a_killed_worker_changes_nothing(
                 strict=True,
             )
         )
-    quarantined = pq.read_metadata(next((directory / "quarantine").glob("*.parquet"))).num_rows
+    quarantined = pq.read_metadata(next((directory / "_quarantine").glob("*.parquet"))).num_rows
     assert stats["rows_in"] == 30_000
     assert len(unique) + stats["quarantine"]["rows"] == 30_000  # rows in = out + quarantined
     assert quarantined >= 1

@@ -83,7 +83,7 @@ def _check(manifest: Manifest, directory: Path, exports: Exports) -> None:
     assert stats["quarantine"]["rows"] == sum(stats["quarantine"]["reasons"].values())
     ids: list[tuple[int, int]] = []
     for split in ("train", "validation", "test"):
-        table = pq.read_table(directory / split, columns=["objid", "specobjid"])
+        table = pq.read_table(directory / f"split={split}", columns=["objid", "specobjid"])
         ids += zip(
             table.column("objid").to_pylist(), table.column("specobjid").to_pylist(), strict=True
         )
@@ -91,7 +91,7 @@ def _check(manifest: Manifest, directory: Path, exports: Exports) -> None:
     assert keys <= set(ids)  # the first copy kept
     assert len(ids) + stats["quarantine"]["rows"] == ROWS + copied
     assert manifest.rows == len(ids)
-    quarantine = pq.read_table(directory / "quarantine")
+    quarantine = pq.read_table(directory / "_quarantine")
     duplicates = quarantine.filter(
         quarantine.column("reason").to_numpy(zero_copy_only=False) == sdss.DUPLICATE
     )

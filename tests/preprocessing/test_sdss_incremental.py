@@ -140,10 +140,10 @@ def test_every_training_row_is_written_once_in_row_groups_of_r_rows(
     train = manifest.statistics["train"]
     assert train["policy"] == "whole" and train["dropped_rows"] == train["padded_rows"] == 0
     assert train["rows_per_group"] == 100
-    sizes = [f.rows for f in manifest.files if f.path.startswith("train/")]
+    sizes = [f.rows for f in manifest.files if f.path.startswith("split=train/")]
     assert sum(s or 0 for s in sizes) == train["rows"]
     assert (
-        np.sum([f.row_groups or 0 for f in manifest.files if f.path.startswith("train/")])
+        np.sum([f.row_groups or 0 for f in manifest.files if f.path.startswith("split=train/")])
         == (train["num_row_groups"])
     )
 

@@ -59,8 +59,8 @@ def padded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Manifest, Path, in
 def test_rows_in_are_rows_out_plus_quarantined(padded: tuple[Manifest, Path, int]) -> None:
     manifest, directory, spoiled = padded
     stats = manifest.statistics
-    out = {s: pq.read_table(directory / s) for s in ("train", "validation", "test")}
-    quarantine = pq.read_table(directory / "quarantine")
+    out = {s: pq.read_table(directory / f"split={s}") for s in ("train", "validation", "test")}
+    quarantine = pq.read_table(directory / "_quarantine")
     ids = {
         (o, s)
         for table in out.values()
@@ -79,7 +79,7 @@ def test_rows_in_are_rows_out_plus_quarantined(padded: tuple[Manifest, Path, int
     # One training file per raw piece, its row groups of rows_per_group rows but its last, and
     # at least rank_multiple (64) of them.
     per_group = stats["train"]["rows_per_group"]
-    for path in sorted((directory / "train").glob("*.parquet")):
+    for path in sorted((directory / "split=train").glob("*.parquet")):
         metadata = pq.read_metadata(path)
         sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         assert set(sizes[:-1]) <= {per_group} and 0 < sizes[-1] <= per_group
@@ -88,7 +88,7 @@ def test_rows_in_are_rows_out_plus_quarantined(padded: tuple[Manifest, Path, int
 
 def test_features_labels_and_statistics(padded: tuple[Manifest, Path, int]) -> None:
     manifest, directory, _ = padded
-    train = pq.read_table(directory / "train")
+    train = pq.read_table(directory / "split=train")
     assert train.schema.equals(schemas.SDSS_SCHEMA, check_metadata=False)
     np.testing.assert_allclose(
         train.column("u_g").to_numpy(),

@@ -12,7 +12,7 @@ import pytest
 from data_catalog import Catalog, Manifest
 from data_catalog.layout import ProcessedLayout
 from tests.training.test_sharding import processed  # noqa: F401 (a fixture, used by name)
-from training.input import InputSpec, epoch_batches, plan_steps
+from training.input import InputSpec, as_url, epoch_batches, plan_steps
 from training.input_metrics import (
     EPOCHS_FILE,
     INPUT_DELAY_ENV,
@@ -275,7 +275,7 @@ def test_a_metered_epoch_counts_whole_row_groups_and_keeps_the_batch_order(
     processed: tuple[Catalog, Manifest],  # noqa: F811 (the fixture imported above)
 ) -> None:
     catalog, manifest = processed
-    url = (catalog.version_dir(manifest.name, manifest.version) / "train").as_uri()
+    url = str(as_url(catalog.split_dir(manifest, "train")))
     processed_layout = ProcessedLayout.of(manifest)
     layout = processed_layout.train
     spec = InputSpec.of(processed_layout)

@@ -19,7 +19,7 @@ from preprocessing.driver import run_locally
 from preprocessing.images import plan_job
 from preprocessing.plan import PlanConfig
 from tests.conftest import ingest_random_mnist
-from training.input import READERS, InputSpec, epoch_batches, epoch_seed, load_split
+from training.input import READERS, InputSpec, as_url, epoch_batches, epoch_seed, load_split
 from training.row_groups import binary_pixels, split_files
 
 ROWS = 1_500
@@ -41,9 +41,9 @@ def image_splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[st
         done = run_locally(job, root / f"work-{fmt}")
         with catalog.stage(job.name, kind="processed") as stage:
             manifest = job.commit(stage, done, root / f"work-{fmt}")
-        directory = catalog.version_dir(manifest.name, manifest.version) / "train"
+        directory = catalog.split_dir(manifest, "train")
         assert len(list(directory.glob("*.parquet"))) > 1
-        splits[fmt] = (directory.as_uri(), InputSpec.of(ProcessedLayout.of(manifest)))
+        splits[fmt] = (str(as_url(directory)), InputSpec.of(ProcessedLayout.of(manifest)))
     return splits
 
 
@@ -65,7 +65,7 @@ def uneven_split(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, InputSp
         pq.write_table(table, directory / f"piece-{piece:03d}.parquet", row_group_size=40)
         start += rows
     spec = InputSpec(kind="tabular", feature_columns=["u", "g"], label_column="label")
-    return directory.as_uri(), spec
+    return str(as_url(directory)), spec
 
 
 def _chunks(reader: str, url: str, spec: InputSpec, **plan: int) -> list[tuple[Any, Any]]:
@@ -110,7 +110,7 @@ def test_a_list_of_file_urls_reads_as_the_folder(
     image_splits: dict[str, tuple[str, InputSpec]],
 ) -> None:
     url, spec = image_splits["parquet"]
-    files = sorted(p.as_uri() for p in Path(url.removeprefix("file://")).glob("*.parquet"))
+    files = sorted(f"file://{p}" for p in Path(url.removeprefix("file://")).glob("*.parquet"))
     plan = {"rank": 1, "num_ranks": 2, "seed": 9}
     _same(_chunks("pyarrow", url, spec, **plan), _chunks("pyarrow", files, spec, **plan))  # type: ignore[arg-type]
 

@@ -15,7 +15,7 @@ from preprocessing.driver import run_locally
 from preprocessing.images import plan_job
 from preprocessing.plan import PlanConfig
 from tests.conftest import ingest_random_mnist
-from training.input import InputSpec, _reader, epoch_batches, epoch_seed, plan_steps
+from training.input import InputSpec, _reader, as_url, epoch_batches, epoch_seed, plan_steps
 from training.launcher import row_groups_by_epoch
 
 ROWS = 2_000
@@ -34,7 +34,7 @@ def processed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Catalog, Manife
     done = run_locally(job, root / "work")
     with catalog.stage(job.name, kind="processed") as stage:
         manifest = job.commit(stage, done, root / "work")
-    assert len([f for f in manifest.files if f.path.startswith("train/")]) > 1
+    assert len([f for f in manifest.files if f.path.startswith("split=train/")]) > 1
     return catalog, manifest
 
 
@@ -57,7 +57,7 @@ def test_every_sample_once_per_epoch_in_the_recorded_order(
         seen = []
         for rank in range(num_ranks):
             reader = _reader(
-                (directory / "train").as_uri(),
+                str(as_url(directory / "split=train")),
                 spec,
                 rank=rank,
                 num_ranks=num_ranks,
@@ -72,7 +72,7 @@ def test_every_sample_once_per_epoch_in_the_recorded_order(
             seen.append([i for g in groups for i in g])
         assert {len(s) for s in seen} == {manifest.statistics["train"]["rows"] // num_ranks}
         assert sorted(i for s in seen for i in s) == sorted(
-            pq.read_table(directory / "train", columns=["index"]).column("index").to_pylist()
+            pq.read_table(directory / "split=train", columns=["index"]).column("index").to_pylist()
         )
         orders.append(seen)
     # A new order every epoch, the same set per rank.
@@ -89,7 +89,7 @@ def test_epoch_batches_are_exact_and_deterministic(processed: tuple[Catalog, Man
 
     def labels(epoch: int, rank: int) -> list[int]:
         chunks = epoch_batches(
-            (directory / "train").as_uri(),
+            str(as_url(directory / "split=train")),
             spec,
             rank=rank,
             num_ranks=3,

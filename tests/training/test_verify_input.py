@@ -74,7 +74,7 @@ def train(catalog: Catalog, runs_dir: Path) -> None:
 
 def train_file(catalog: Catalog) -> tuple[Manifest, Path]:
     manifest = catalog.get(PROCESSED)
-    entry = next(e for e in manifest.files if e.path.startswith("train/"))
+    entry = next(e for e in manifest.files if e.path.startswith("split=train/"))
     return manifest, catalog.file_path(manifest, entry)
 
 
@@ -92,7 +92,7 @@ def edit_manifest(catalog: Catalog, edit: Callable[[dict[str, Any]], None], rese
 
 
 def set_train_file_rows(data: dict[str, Any]) -> None:
-    entry = next(f for f in data["files"] if f["path"].startswith("train/"))
+    entry = next(f for f in data["files"] if f["path"].startswith("split=train/"))
     entry["rows"] -= 1
 
 
@@ -143,7 +143,7 @@ def test_a_flipped_byte_in_a_train_shard_launches_nothing(
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (set_train_file_rows, "manifest field files[train/part-00000.parquet].rows is 1855"),
+        (set_train_file_rows, "manifest field files[split=train/part-00000.parquet].rows is 1855"),
         (set_rows_per_group, "statistics.train.rows_per_group is 30"),
         (rename_rows_per_group, "(processed layout 1): statistics.train.rows_per_group is missing"),
     ],
@@ -172,7 +172,7 @@ def test_a_resealed_manifest_field_that_disagrees_with_the_files_launches_nothin
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (set_train_file_rows, "files[train/part-00000.parquet].rows is 1855"),
+        (set_train_file_rows, "files[split=train/part-00000.parquet].rows is 1855"),
         (set_rows_per_group, "statistics.train.rows_per_group is 30"),
         (set_normalization_mean, "statistics.normalization.mean[0] is 0.2942"),
     ],
@@ -232,7 +232,7 @@ def fit_one_rank(
 
     manifest = catalog.get(PROCESSED)
     spec = InputSpec.of(ProcessedLayout.of(manifest))
-    x, y = load_split(str(catalog.version_dir(manifest.name, manifest.version) / "train"), spec)
+    x, y = load_split(str(catalog.split_dir(manifest, "train")), spec)
     tf.keras.utils.set_random_seed(0)
     model = models.build("cnn", input_shape=spec.input_shape, num_classes=10)
     model.compile(
