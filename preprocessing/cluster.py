@@ -424,10 +424,11 @@ class PlannedRunner:
     """Starts nothing until the job's first pass is planned: a first pass that reads at most
     ``config.in_process_bytes`` (a LocalCluster only) runs the whole job in this process, one
     task after the other (the same files: the tasks are the same functions); a larger one
-    whose tasks all release the GIL (:attr:`TaskSpec.threads`: the ingest of CSV exports)
-    runs on ``config.workers`` threads of this process; any other starts the cluster
-    ``config`` describes, which then runs every pass. ``in_process_bytes`` 0 always starts
-    the cluster."""
+    whose tasks all release the GIL (:attr:`TaskSpec.threads`: the ingest of CSV exports, the
+    verification, scan and write of SDSS pieces) runs on ``config.workers`` threads of this
+    process, and so do the passes after it while theirs do too; any other pass starts the
+    cluster ``config`` describes, which then runs every pass left. ``in_process_bytes`` 0
+    always starts the cluster."""
 
     def __init__(self, config: ClusterConfig, progress: Progress, stack: ExitStack) -> None:
         self._config = config
@@ -463,6 +464,10 @@ class PlannedRunner:
             if not tasks:
                 return []
             self._runner = self._choose(tasks)
+        elif isinstance(self._runner, ThreadRunner) and not all(s.threads for s in tasks):
+            # A pass that holds the GIL (an image set's decoding after the verification of
+            # its files): worker processes from here on.
+            self._runner = self._stack.enter_context(dask_runner(self._config, self._progress))
         if isinstance(self._runner, Runner):
             return self._runner.run(tasks, run_key=run_key, on_done=on_done)
         from preprocessing.sources import task_progress
@@ -479,7 +484,10 @@ class PlannedRunner:
         workers and the CPU seconds this process spent running them (its peak RSS is the
         driver's)."""
         if isinstance(self._runner, Runner):
-            return self._runner.usage()
+            usage = self._runner.usage()
+            # The passes that ran on threads of this process before the cluster started.
+            usage["cpu_seconds"] = round(usage["cpu_seconds"] + self._in_process_cpu, 3)
+            return usage
         # Threads or one after the other: the CPU of this process while its tasks ran.
         return {"workers": 0, "peak_rss_bytes": [], "cpu_seconds": round(self._in_process_cpu, 3)}
 

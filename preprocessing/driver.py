@@ -55,9 +55,10 @@ class TaskSpec:
     bytes: int = 0
     """Input bytes the task reads, as planned (for progress)."""
     threads: bool = False
-    """``fn`` spends nearly all its time where the GIL is released (Arrow's CSV parser and
-    Parquet writer, hashlib): on one machine such tasks may run on threads of the command's
-    process (:class:`ThreadRunner`) instead of a cluster's worker processes."""
+    """``fn`` spends nearly all its time where the GIL is released (Arrow's CSV parser,
+    Parquet reader and writer and compute kernels, numpy's sorts and arithmetic, hashlib,
+    fsync): on one machine such tasks may run on threads of the command's process
+    (:class:`ThreadRunner`) instead of a cluster's worker processes."""
 
 
 class Job(Protocol):

@@ -142,7 +142,14 @@ class VerifiedInputs:
     def tasks(self, pass_name: str, done: Results, work: Path) -> Sequence[TaskSpec]:
         if pass_name == VERIFY:
             return [
-                TaskSpec(key=f"verify-{number:05d}", fn=check_input, args=(file,), bytes=file.bytes)
+                # hashlib and file reads release the GIL: threads will do (cluster.py).
+                TaskSpec(
+                    key=f"verify-{number:05d}",
+                    fn=check_input,
+                    args=(file,),
+                    bytes=file.bytes,
+                    threads=True,
+                )
                 for number, file in enumerate(self.inputs)
             ]
         tasks = self.job.tasks(pass_name, _without_verify(done), work)

@@ -92,8 +92,10 @@ _MAGNITUDE_RANGE = (0.0, 40.0)
 _RADIUS_RANGE = (0.0, 1_000.0)
 _CLASSES = pa.array(schemas.SDSS_CLASSES, type=pa.string())
 # Keys are compared across pieces in buckets (ranges of the key hash) of about this many, one
-# task each: a task's memory stays flat however many rows the input has.
-KEY_BUCKET_ROWS = 1_000_000
+# task each: a task's memory stays flat however many rows the input has. Two such tasks run
+# at once in one process on threads (preprocessing.cluster.PlannedRunner): at 1,000,000 keys
+# they lifted its peak RSS by 150 MB, to 390 MB at 2M rows.
+KEY_BUCKET_ROWS = 250_000
 # ... and at least this many (no more than there are pieces), so that one bucket task does not
 # keep one worker busy while the others wait.
 MIN_KEY_BUCKETS = 2
@@ -584,6 +586,7 @@ class SdssJob:
                     fn=scan_piece,
                     args=(p, self.fractions, str(work), self.stored),
                     rows=p.rows,
+                    threads=True,
                 )
                 for p in self.pieces
                 if self._kept_record(p) is None
@@ -634,6 +637,7 @@ class SdssJob:
                 fn=find_duplicates,
                 args=(bucket, self.num_key_buckets, keys, str(work)),
                 rows=rows // self.num_key_buckets,
+                threads=True,
             )
             for bucket in range(self.num_key_buckets)
         ]
@@ -676,6 +680,7 @@ class SdssJob:
                     fn=rescan_piece,
                     args=(piece, self.fractions, str(work), buckets, self.stored),
                     rows=piece.rows,
+                    threads=True,
                 )
             )
         return tasks
@@ -708,6 +713,7 @@ class SdssJob:
                     self.feature_columns,
                 ),
                 rows=sum(int(n) for n in r["split_rows"].values()),
+                threads=True,
             )
             for r in self.piece_results(done)
             if int(r["piece"]) not in kept

@@ -4,6 +4,7 @@ plan) and writes the same version, byte for byte, as the same job on a cluster."
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,3 +109,65 @@ def test_a_bad_export_among_threads_is_refused_in_one_line(
     assert Catalog(home / "catalog").names() == []
     # Nothing half-written: the files the other threads finished stay for a rerun, whole.
     assert not list(home.rglob("*.partial"))
+
+
+def test_sdss_preprocess_above_the_bound_runs_on_threads_as_a_cluster_would(
+    shardflow: Callable[..., Result], tmp_path: Path
+) -> None:
+    # Past --in-process-below, every pass of an SDSS preprocess (verify, scan, duplicates,
+    # rescan, write) releases the GIL: threads of the command's process, no cluster, and the
+    # same version, byte for byte, as on one.
+    exports = tmp_path / "exports"
+    _ok(shardflow("synth", "sdss", "--rows", "30000", "--files", "3", "--out", str(exports)))
+    base = tmp_path / "base"
+    _ok(shardflow("ingest", "sdss", "--source", str(exports), "--json", home=base))
+    runs = {}
+    for way, bound in (("threads", "1"), ("cluster", "0")):
+        shutil.copytree(base, tmp_path / way)
+        runs[way] = _ok(
+            shardflow(
+                *("preprocess", "sdss", "-v", "--json", "--workers", "2"),
+                *("--in-process-below", bound),
+                home=tmp_path / way,
+            )
+        )
+    assert "on 2 threads of this process, no cluster started" in runs["threads"].stderr
+    assert "LocalCluster" not in runs["threads"].stderr
+    assert runs["threads"].json["resources"]["workers"] == 0
+    assert runs["threads"].json["resources"]["cpu_seconds"] > 0
+    assert runs["cluster"].json["resources"]["workers"] == 2
+    assert runs["threads"].json["version"] == runs["cluster"].json["version"]
+    assert runs["threads"].json["quarantine"] == runs["cluster"].json["quarantine"]
+    assert _digests(tmp_path / "threads", "sdss-processed") == _digests(
+        tmp_path / "cluster", "sdss-processed"
+    )
+
+
+def test_images_verify_on_threads_then_decode_on_a_cluster(
+    shardflow: Callable[..., Result], tmp_path: Path
+) -> None:
+    # The verification of the raw files releases the GIL, the decoding of images does not:
+    # the first on threads, then a LocalCluster for the rest; the same version as in-process.
+    source = tmp_path / "src"
+    _ok(shardflow("synth", "fashion-mnist", "--rows", "3000", "--out", str(source)))
+    base = tmp_path / "base"
+    _ok(shardflow("ingest", "fashion-mnist", "--source", str(source), "--json", home=base))
+    runs = {}
+    for way, bound in (("switched", "1"), ("in_process", str(2**30))):
+        shutil.copytree(base, tmp_path / way)
+        runs[way] = _ok(
+            shardflow(
+                *("preprocess", "fashion-mnist", "-v", "--json", "--workers", "2"),
+                *("--in-process-below", bound),
+                home=tmp_path / way,
+            )
+        )
+    stderr = runs["switched"].stderr
+    assert "on 2 threads of this process, no cluster started" in stderr
+    assert stderr.index("no cluster started") < stderr.index("dask: LocalCluster with 2 workers")
+    assert runs["switched"].json["resources"]["workers"] == 2
+    assert runs["in_process"].json["resources"]["workers"] == 0
+    assert runs["switched"].json["version"] == runs["in_process"].json["version"]
+    assert _digests(tmp_path / "switched", "fashion-mnist-processed") == _digests(
+        tmp_path / "in_process", "fashion-mnist-processed"
+    )
