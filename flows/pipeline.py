@@ -2,7 +2,8 @@
 
     shardflow-pipeline
       ├─ shardflow-ingest       the driver: a task run per pass ("convert"), its tasks (one
-      │                         per input file) plain Dask tasks; progress, a table per pass,
+      │                         per input file) run as the CLI runs them (threads, or plain
+      │                         Dask tasks); progress, a table per pass,
       │                         a table of the raw version's files
       ├─ shardflow-preprocess   the driver: a task run per pass ("scan", ..., "write"), on
       │                         the `cluster` parameter's Dask cluster (a LocalCluster, or a
@@ -266,7 +267,11 @@ def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | Non
                 if name != "train"
             )
             + (f"- quarantined: {layout.quarantine.rows:,} rows\n" if layout.quarantine else "")
-            + (f"- Dask dashboard: {dashboard}\n" if dashboard else "- already in the catalog\n")
+            + (
+                f"- Dask dashboard: {dashboard}\n"
+                if dashboard
+                else "- ran in the flow run's process: no Dask cluster was started\n"
+            )
             + f"- catalog: `shardflow catalog show {manifest.name}@{manifest.version}`\n"
         ),
     )
