@@ -1,8 +1,9 @@
 """Each pass of a job as one Prefect task run, its tasks plain Dask tasks under it.
 
     flow run shardflow-ingest
-      └─ task run "convert" ── preprocessing.driver.Runner on a plain Dask client:
-            │                  2,000 Dask tasks, each timed on its worker
+      └─ task run "convert" ── the same runner as `shardflow ingest` (planned_runner: this
+            │                  process, its threads, or a Dask cluster, as the plan says):
+            │                  2,000 tasks, each timed where it runs
             ├─ progress artifact <key>-progress: updated at most every few seconds and
             │  once per percent, and when a pass ends
             ├─ a log line at most every half minute, and when a pass ends
@@ -14,8 +15,11 @@ is four task runs, four table versions and at most about a hundred progress upda
 stage. A task that fails still names itself (its key, and the error, which names the file)
 in its pass's table, log and state.
 
-The Dask workers run each task inside :func:`flows.timed_tasks.timed_call`, and never import
-Prefect.
+Each task runs inside :func:`flows.timed_tasks.timed_call` (on a Dask worker, which never
+imports Prefect, or in this process). The flow's tasks run where the CLI's do: a flow run
+that started a LocalCluster for a job the CLI runs on its own threads paid the cluster's start,
+its workers' imports and its stop on top of Prefect's own cost (``bench prefect``: 2,000 CSV
+exports, flow ÷ plain 1.27 in wall time with the cluster, docs/prefect.md).
 """
 
 from __future__ import annotations
@@ -35,10 +39,10 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 
-from flows.timed_tasks import failed_task, submit_timed
-from preprocessing.cluster import dask_runner
+from flows.timed_tasks import failed_task, timed_spec
+from preprocessing.cluster import PlannedRunner, planned_runner
 from preprocessing.config import ClusterConfig
-from preprocessing.driver import PassProgress, Result, Runner, TaskSpec
+from preprocessing.driver import PassProgress, Result, TaskSpec
 
 Progress = Callable[[str], None]
 Bar = Callable[[PassProgress], float]
@@ -204,9 +208,9 @@ def _pass_name(run_key: str) -> str:
 
 class _PassTaskRuns:
     """The driver's task runner in a flow: each pass one Prefect task run whose body runs the
-    pass's tasks on ``runner`` (plain Dask tasks)."""
+    pass's tasks, each timed, on ``runner`` (the CLI's: plain Dask tasks, or this process)."""
 
-    def __init__(self, runner: Runner, watch: StageWatch) -> None:
+    def __init__(self, runner: PlannedRunner, watch: StageWatch) -> None:
         self.runner = runner
         self.watch = watch
 
@@ -228,7 +232,9 @@ class _PassTaskRuns:
 
         def body() -> dict[str, Any]:
             try:
-                ran = self.runner.run(tasks, run_key=run_key, on_done=done)
+                ran = self.runner.run(
+                    [timed_spec(spec) for spec in tasks], run_key=run_key, on_done=done
+                )
             except Exception as exc:
                 table.fail(exc)
                 self.watch.log(f"pass {name}: {table.failed_line()}")
@@ -250,8 +256,9 @@ def pass_task(pass_name: str, tasks: int, run: Callable[[], dict[str, Any]]) -> 
 
 
 class PassRuns:
-    """The runner factory of a flow's stage: the Dask cluster ``cluster`` describes, with
-    each pass a task run; keeps the cluster's dashboard link for the summary."""
+    """The runner factory of a flow's stage: the CLI's runner for ``cluster`` (the Dask
+    cluster it describes, started only when the plan needs one), with each pass a task run;
+    keeps the cluster's dashboard link, if one was started, for the summary."""
 
     def __init__(self, cluster: ClusterConfig, watch: StageWatch, progress: Progress) -> None:
         self.cluster = cluster
@@ -261,6 +268,8 @@ class PassRuns:
 
     @contextmanager
     def __call__(self) -> Iterator[_PassTaskRuns]:
-        with dask_runner(self.cluster, self.progress, submit=submit_timed) as runner:
-            self.dashboard = str(runner.client.dashboard_link)
-            yield _PassTaskRuns(runner, self.watch)
+        with planned_runner(self.cluster, self.progress) as runner:
+            try:
+                yield _PassTaskRuns(runner, self.watch)
+            finally:
+                self.dashboard = runner.dashboard

@@ -2,7 +2,8 @@
 
     shardflow-pipeline
       ├─ shardflow-ingest       the driver: a task run per pass ("convert"), its tasks (one
-      │                         per input file) plain Dask tasks; progress, a table per pass,
+      │                         per input file) run as the CLI runs them (threads, or plain
+      │                         Dask tasks); progress, a table per pass,
       │                         a table of the raw version's files
       ├─ shardflow-preprocess   the driver: a task run per pass ("scan", ..., "write"), on
       │                         the `cluster` parameter's Dask cluster (a LocalCluster, or a
@@ -121,8 +122,10 @@ def ingest_flow(
     cluster: ClusterConfig | None = None,
 ) -> dict[str, Any]:
     """Fetch and check the raw files of ``dataset`` into a raw catalog version: a task run per
-    pass of the ingest job, its tasks (one per input file) plain Dask tasks on the cluster
-    ``cluster`` describes (default: a LocalCluster of one worker per usable core)."""
+    pass of the ingest job, its tasks (one per input file) run where `shardflow ingest` runs
+    them: in this process or its threads when the plan is small or Arrow-bound, else plain
+    Dask tasks on the cluster ``cluster`` describes (default: a LocalCluster of one worker
+    per usable core)."""
     started = datetime.now(UTC)
     settings, catalog, entry = _start(dataset, home)
     watch = StageWatch(
@@ -218,9 +221,10 @@ def preprocess_flow(
     options: JobOptions | None = None,
 ) -> dict[str, Any]:
     """The latest raw version → processed shards: a task run per pass of the job, its tasks
-    plain Dask tasks on the cluster ``cluster`` describes: a LocalCluster (default: one
-    worker per usable core), or the cluster of its ``scheduler`` (tcp://host:8786), whose
-    workers must see the catalog at the same path."""
+    run where `shardflow preprocess` runs them: a small job in this process, else plain Dask
+    tasks on the cluster ``cluster`` describes: a LocalCluster (default: one worker per
+    usable core), or the cluster of its ``scheduler`` (tcp://host:8786), whose workers must
+    see the catalog at the same path."""
     started = datetime.now(UTC)
     settings, catalog, entry = _start(dataset, home)
     watch = StageWatch(_key(dataset, "preprocess"), "planning", _preprocess_bar)
@@ -266,7 +270,11 @@ def _preprocess_artifacts(dataset: str, manifest: Manifest, dashboard: str | Non
                 if name != "train"
             )
             + (f"- quarantined: {layout.quarantine.rows:,} rows\n" if layout.quarantine else "")
-            + (f"- Dask dashboard: {dashboard}\n" if dashboard else "- already in the catalog\n")
+            + (
+                f"- Dask dashboard: {dashboard}\n"
+                if dashboard
+                else "- ran in the flow run's process: no Dask cluster was started\n"
+            )
             + f"- catalog: `shardflow catalog show {manifest.name}@{manifest.version}`\n"
         ),
     )

@@ -7,9 +7,9 @@
     preprocess ─ Dataset.preprocess ── driver.run_job ─▶ PreprocessResult
     train ──── training.launcher.train (horovodrun) ──▶ TrainResult (+ the HTML report)
 
-The CLI hands in a runner on a plain Dask client (:func:`dask_runners`); the Prefect flows one
-whose tasks are task runs, and an epoch hook that publishes the input table while training
-runs. Nothing here imports Prefect.
+The CLI hands in the planned runner (:func:`dask_runners`: this process, its threads or a Dask
+cluster, as the job's plan says); the Prefect flows the same, each pass a task run, and an
+epoch hook that publishes the input table while training runs. Nothing here imports Prefect.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from preprocessing.driver import Result, TaskSpec
@@ -27,10 +29,10 @@ def timed_call(key: str, fn: Callable[..., Result], *args: Any) -> dict[str, Any
     return {"result": result, "seconds": time.perf_counter() - started}
 
 
-def submit_timed(client: Any, spec: TaskSpec, key: str) -> Any:
-    """A :class:`preprocessing.driver.Runner`'s ``submit``: ``spec`` as a plain Dask task,
-    timed on its worker (its result: ``{"result": ..., "seconds": ...}``)."""
-    return client.submit(timed_call, spec.key, spec.fn, *spec.args, key=key, pure=False)
+def timed_spec(spec: TaskSpec) -> TaskSpec:
+    """``spec``, timed where it runs (a Dask worker, a thread or this process): its result
+    is ``{"result": ..., "seconds": ...}``."""
+    return replace(spec, fn=partial(timed_call, spec.key, spec.fn))
 
 
 def failed_task(exc: BaseException) -> str | None:

@@ -479,6 +479,13 @@ class PlannedRunner:
         finally:
             self._in_process_cpu += time.process_time() - started
 
+    @property
+    def dashboard(self) -> str | None:
+        """The Dask dashboard of the cluster it started or reached; None if none was."""
+        if isinstance(self._runner, Runner):
+            return str(self._runner.client.dashboard_link)
+        return None
+
     def usage(self) -> dict[str, Any]:
         """The workers' peak RSS and CPU seconds; when the tasks ran in this process, no
         workers and the CPU seconds this process spent running them (its peak RSS is the

@@ -243,6 +243,8 @@ def _round(
     env.pop("PREFECT_API_URL", None)
     if side.needs_server:
         env["PREFECT_API_URL"] = server.url
+    # Prefect makes its home without parents: a missing one is a warning in every flow round.
+    (home / "prefect").mkdir(parents=True)
     server_before = server.cpu_seconds()
     seconds = cpu = 0.0
     for argv in side.commands:

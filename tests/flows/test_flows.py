@@ -127,6 +127,33 @@ def test_preprocess_flow_runs_on_the_scheduler_it_is_given(harness: str, sdss_ho
     assert all(row["task"].startswith("slowest: write-") for row in rows[1:])
 
 
+def test_a_small_job_runs_in_the_flow_process_as_on_the_cli(harness: str, sdss_home: Path) -> None:
+    """The flow's passes run their tasks where `shardflow preprocess` would: a job this small
+    in the flow run's own process, no LocalCluster started; its passes are still task runs
+    with their tables, and the summary says no cluster ran it."""
+    from flows.pipeline import preprocess_flow
+
+    state = preprocess_flow(
+        dataset="sdss",
+        home=str(sdss_home),
+        options=JobOptions(plan=PlanConfig(rank_multiple=8, target_rows_per_group=300)),
+        return_state=True,
+    )
+    assert state.is_completed(), state.message
+    result = state.result()
+    run = recorded(state.state_details.flow_run_id)
+    assert any("no cluster started" in log.message for log in run["logs"])
+    assert {"scan", "write"} <= set(run["task_runs"])
+    by_key = {a.key: a for a in run["artifacts"]}
+    write = table(by_key["sdss-preprocess-write"])
+    assert write[0]["rows"] == result["rows"]
+    assert all(row["task"].startswith("slowest: write-") for row in write[1:])
+    assert all(row["seconds"] >= 0 for row in write[1:])
+    summary = str(by_key["sdss-preprocess-summary"].data)
+    assert "no Dask cluster was started" in summary
+    assert "Dask dashboard" not in summary
+
+
 def test_what_a_run_records_does_not_grow_with_its_tasks(harness: str, tmp_path: Path) -> None:
     """120 exports: one task run, one version of each artifact, a bounded log; the table of
     raw files holds its first 100 and says where the rest are."""
