@@ -140,3 +140,44 @@ def test_on_a_local_cluster_the_same_version_and_files(
     assert tasks["duplicates"] < 7
     assert manifest.version == in_one_process.version
     assert manifest.content_digest() == in_one_process.content_digest()
+
+
+def test_buckets_grouped_per_task_find_the_same_duplicates_as_one_bucket_per_task(
+    in_one_process: Manifest, exports: Exports, tmp_path: Path
+) -> None:
+    """64 key buckets in 16 tasks of 4 (each task maps every keys file once) and in 64 tasks
+    of one: the same version and files byte for byte; a task whose run stopped after some of
+    its buckets redoes only the others, to the same bytes."""
+    runs = {}
+    for tasks_at_most in (sdss.MAX_DUPLICATE_TASKS, 64):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sdss, "KEY_BUCKET_ROWS", 100)
+            patch.setattr(sdss, "MAX_DUPLICATE_TASKS", tasks_at_most)
+            root = tmp_path / str(tasks_at_most)
+            manifest, directory, tasks = _processed(root, exports, serial_runner)
+        _check(manifest, directory, exports)
+        runs[tasks["duplicates"]] = manifest
+    grouped, single = runs[16], runs[64]
+    assert grouped.version == single.version == in_one_process.version
+    assert grouped.content_digest() == single.content_digest() == in_one_process.content_digest()
+
+    # One task of 4 buckets, stopped after its first two: the rerun maps the files again for
+    # the last two only.
+    catalog = Catalog(tmp_path / "16" / "catalog")
+    job = sdss.plan_sdss_job(catalog, catalog.get("sdss"), OPTIONS)
+    work = tmp_path / "resume"
+    scans = [sdss.scan_piece(p, job.fractions, str(work), job.stored) for p in job.pieces]
+    keys = tuple((int(r["piece"]), str(r["keys"])) for r in scans)
+    first = sdss.find_duplicates((0, 4), 8, keys, str(work))
+    written = {b: sdss.duplicates_path(str(work), b).read_bytes() for b in range(4)}
+    for bucket in (2, 3):
+        sdss.duplicates_path(str(work), bucket).unlink()
+    again = sdss.find_duplicates((0, 4), 8, keys, str(work))
+    assert [r.get("reused", False) for r in again["buckets"]] == [True, True, False, False]
+    assert not again["reused"] and not first["reused"]
+    assert [{**r, "reused": False} for r in again["buckets"]] == [
+        {**r, "reused": False} for r in first["buckets"]
+    ]
+    assert {b: sdss.duplicates_path(str(work), b).read_bytes() for b in range(4)} == written
+    assert sum(count for r in first["buckets"] for _piece, count in r["pieces"]) > 0
+    assert sdss.find_duplicates((0, 4), 8, keys, str(work))["reused"]
