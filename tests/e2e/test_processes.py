@@ -283,7 +283,10 @@ def dask_workers(command: psutil.Process) -> list[psutil.Process]:
 def test_sigkill_of_run_stops_its_prefect_server(
     fashion_subset: Path, shardflow_home: Path, tmp_path: Path
 ) -> None:
+    # --in-process-below 0: the ingest on a LocalCluster (this small set would run in the
+    # command's process), so that there are Dask workers that must go too.
     run = ["run", "fashion-mnist", "--source", str(fashion_subset), "--np", "2", "--epochs", "1"]
+    run += ["--in-process-below", "0"]
     with started(run, shardflow_home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
         wait_for(
@@ -335,7 +338,9 @@ def test_stopping_server_stops_prefect_and_closes_the_port(
 def test_ctrl_c_during_run_is_prompt_and_one_line(
     fashion_subset: Path, shardflow_home: Path, tmp_path: Path
 ) -> None:
+    # --in-process-below 0: the ingest on a LocalCluster, whose workers the Ctrl-C must stop too.
     run = ["run", "fashion-mnist", "--source", str(fashion_subset), "--np", "2", "--epochs", "1"]
+    run += ["--in-process-below", "0"]
     with started(run, shardflow_home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
 
