@@ -62,10 +62,21 @@ def chromium_command(tmp_path: Path) -> list[str]:
     ]
 
 
-def api(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    response = httpx.post(f"{url}/api{path}", json=body or {}, timeout=30)
+def call(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """One request to the Prefect server, tried again on 503 as Prefect's own client does: the
+    server answers 503 when its SQLite database is locked by another writer (in the full suite,
+    under load, a PATCH of a concurrency limit got one)."""
+    for attempt in range(6):
+        response = httpx.request(method, url, timeout=30, **kwargs)
+        if response.status_code != 503:
+            break
+        time.sleep(0.5 * 2**attempt)
     response.raise_for_status()
-    return response.json()
+    return response
+
+
+def api(url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    return call("POST", f"{url}/api{path}", json=body or {}).json()
 
 
 def stop_worker(worker: subprocess.Popen[bytes]) -> None:
@@ -225,11 +236,11 @@ def test_deploy_limits_scheduled_runs_to_one_and_skyserver_to_one_ingest(
         "shardflow-train/on-demand": None,
     }
     url = f"{prefect_server}/api/v2/concurrency_limits/skyserver"
-    skyserver = httpx.get(url, timeout=30).json()
+    skyserver = call("GET", url).json()
     assert (skyserver["limit"], skyserver["active"]) == (1, True)
-    httpx.patch(url, json={"limit": 3}, timeout=30).raise_for_status()
+    call("PATCH", url, json={"limit": 3})
     assert shardflow("deploy", "--json").returncode == 0
-    assert httpx.get(url, timeout=30).json()["limit"] == 3
+    assert call("GET", url).json()["limit"] == 3
 
 
 def test_deployment_runs_on_its_schedule_under_a_worker(
@@ -289,7 +300,7 @@ def test_deployment_runs_on_its_schedule_under_a_worker(
         # The server lives for the module: its scheduler must not hand the next test's worker
         # a run of this deployment every 10 s.
         url = f"{prefect_server}/api/deployments/{deployment['id']}"
-        for schedule in httpx.get(url, timeout=30).json()["schedules"]:
+        for schedule in call("GET", url).json()["schedules"]:
             if schedule["schedule"].get("interval") == 10:
                 httpx.delete(f"{url}/schedules/{schedule['id']}", timeout=30).raise_for_status()
         stop_worker(worker)
@@ -346,9 +357,7 @@ def test_the_pipeline_deployment_trains_sdss_with_its_own_model(
         state = ""
         while time.monotonic() < deadline:
             time.sleep(5)
-            run = httpx.get(
-                f"{prefect_server}/api/flow_runs/{flow_run_id.group(1)}", timeout=30
-            ).json()
+            run = call("GET", f"{prefect_server}/api/flow_runs/{flow_run_id.group(1)}").json()
             state = run["state_type"]
             if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
