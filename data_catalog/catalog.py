@@ -254,7 +254,13 @@ class Catalog:
     def manifest_location(self, name: str, version: str) -> str:
         """The URL (local: path) of the version's manifest: ``_manifest.json``, or
         ``manifest.json`` in a version written in folder layout 1."""
-        return self._storage.url_of(self._manifest_key(_version_key(name, version)))
+        return self._manifest_where(name, version)[1]
+
+    def _manifest_where(self, name: str, version: str) -> tuple[str, str]:
+        """The version's manifest key and its URL (local: path), found once: on an object
+        store each look for a manifest name is a request."""
+        key = self._manifest_key(_version_key(name, version))
+        return key, self._storage.url_of(key)
 
     def _manifest_key(self, key: str) -> str:
         """The manifest's key under the version key ``key``: the first of
@@ -407,9 +413,9 @@ class Catalog:
     def _verify_version(
         self, name: str, version: str, checks: Sequence[ManifestCheck]
     ) -> tuple[list[Problem], list[Problem]]:
-        location = self.manifest_location(name, version)
+        key, location = self._manifest_where(name, version)
         try:
-            text = self._manifest_text(name, version)
+            text = self._storage.read_text(key)
         except (OSError, UnicodeDecodeError) as exc:
             return [Problem(path=location, reason=f"unreadable manifest: {exc}")], []
         manifest, problems, notes = _parse_for_verify(text, location, name, version)
@@ -426,12 +432,13 @@ class Catalog:
 
     def _verify_files(self, manifest: Manifest, location: str) -> list[Problem]:
         """Every file's size, sha256 and (Parquet) footer counts where its bytes are, and no
-        file in the version's folder that the manifest does not list."""
+        file in the version's folder that the manifest does not list; ``location`` is the
+        manifest's own."""
         storage = self._storage
         key = _version_key(manifest.name, manifest.version)
         in_folder = storage.files_under(key)  # one listing instead of a look per file
         problems = []
-        listed = {self._manifest_key(key).rsplit("/", 1)[-1]}
+        listed = {location.rsplit("/", 1)[-1]}  # the manifest's own name
         for entry in manifest.files:
             try:
                 where = _bytes_key(self, manifest, entry)
@@ -617,9 +624,9 @@ class Catalog:
 
         def manifests() -> Iterator[tuple[Manifest, str]]:
             for name, version in self._committed():
-                path = self.manifest_location(name, version)
+                key, path = self._manifest_where(name, version)
                 try:
-                    manifest = Manifest.from_json(self._manifest_text(name, version))
+                    manifest = Manifest.from_json(self._storage.read_text(key))
                 except (OSError, UnicodeDecodeError, CatalogError) as exc:
                     log.warning("not indexing %s: %s; run `shardflow catalog verify`", path, exc)
                     continue
@@ -752,9 +759,6 @@ class Catalog:
                 if self._has_manifest(f"datasets/{dataset}/{version}"):
                     yield dataset, version
 
-    def _manifest_text(self, name: str, version: str) -> str:
-        return self._storage.read_text(self._manifest_key(_version_key(name, version)))
-
     def _resolve(self, name: str, version: str) -> str:
         """The committed version id of ``name`` that ``version`` (an id or prefix) names."""
         validate_name(name)
@@ -775,9 +779,9 @@ class Catalog:
         )
 
     def _read_manifest(self, name: str, version: str) -> Manifest:
-        path = self.manifest_location(name, version)
+        key, path = self._manifest_where(name, version)
         try:
-            manifest = Manifest.from_json(self._manifest_text(name, version))
+            manifest = Manifest.from_json(self._storage.read_text(key))
         except FileNotFoundError as exc:
             raise NotFound(
                 f"no version {version!r} of dataset {name!r} in catalog {self.url}; "
