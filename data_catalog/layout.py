@@ -349,16 +349,19 @@ class ProcessedLayout:
         return part_folder(split, self.folder_layout)
 
     def split_entries(self, manifest: Manifest, split: str) -> list[FileEntry]:
-        """The manifest's Parquet files of ``split``'s folder, in the manifest's order (not its
-        ``_common_metadata``)."""
+        """The manifest's Parquet files of ``split``'s folder (not its ``_common_metadata``),
+        in path order: the order petastorm reads them in and the ranks' row groups follow."""
         prefix = f"{self.folder(split)}/"
-        return [
-            e
-            for e in manifest.files
-            if e.path.startswith(prefix)
-            and e.path.endswith(".parquet")
-            and "/" not in e.path[len(prefix) :]
-        ]
+        return sorted(
+            (
+                e
+                for e in manifest.files
+                if e.path.startswith(prefix)
+                and e.path.endswith(".parquet")
+                and "/" not in e.path[len(prefix) :]
+            ),
+            key=lambda e: e.path,
+        )
 
     def to_manifest(self) -> ManifestFields:
         """The manifest's ``schema`` and ``statistics`` of this layout (the keys of every

@@ -71,7 +71,7 @@ def check_processed(catalog: Catalog, manifest: Manifest) -> list[Problem]:
 
 def _split_files(catalog: Catalog, manifest: Manifest, split: str) -> list[Path]:
     entries = ProcessedLayout.of(manifest).split_entries(manifest, split)
-    return [catalog.file_path(manifest, entry) for entry in sorted(entries, key=lambda e: e.path)]
+    return [catalog.file_path(manifest, entry) for entry in entries]
 
 
 def _row_group_rows(path: Path) -> list[int]:

@@ -50,8 +50,7 @@ def group_rows(
         )
     per_group = split.rows_per_group
     sizes: list[int] = []
-    entries = ProcessedLayout.of(manifest).split_entries(manifest, name)
-    for entry in sorted(entries, key=lambda e: e.path):
+    for entry in ProcessedLayout.of(manifest).split_entries(manifest, name):
         groups, rows = int(entry.row_groups or 0), int(entry.rows or 0)
         if groups:
             sizes += [per_group] * (groups - 1) + [rows - per_group * (groups - 1)]

@@ -52,10 +52,9 @@ def find_horovodrun() -> str:
 
 def _train_groups(processed: Manifest) -> list[str]:
     """The training row groups as "file#row_group", in petastorm's order (file path order)."""
-    entries = ProcessedLayout.of(processed).split_entries(processed, "train")
     return [
         f"{entry.path}#{index}"
-        for entry in sorted(entries, key=lambda e: e.path)
+        for entry in ProcessedLayout.of(processed).split_entries(processed, "train")
         for index in range(entry.row_groups or 0)
     ]
 
@@ -100,13 +99,11 @@ def _split_files(catalog: Catalog, manifest: Manifest) -> dict[str, list[str]] |
     if catalog.is_local or manifest.format_version == 1:
         return None
     layout = ProcessedLayout.of(manifest)
+    entries = {split: layout.split_entries(manifest, split) for split in layout.splits}
     return {
-        split: [
-            catalog.file_url(manifest, entry)
-            for entry in sorted(layout.split_entries(manifest, split), key=lambda e: e.path)
-        ]
-        for split in layout.splits
-        if layout.split_entries(manifest, split)
+        split: [catalog.file_url(manifest, entry) for entry in found]
+        for split, found in entries.items()
+        if found
     }
 
 

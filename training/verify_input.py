@@ -99,7 +99,7 @@ def layout_problems(
     from) against its Parquet footers."""
     train = layout.train
     groups: list[list[int]] = []
-    for entry in sorted(layout.split_entries(processed, "train"), key=lambda e: e.path):
+    for entry in layout.split_entries(processed, "train"):
         metadata = _footer(catalog, processed, entry)
         groups.append([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)])
     sizes = [n for g in groups for n in g]
