@@ -104,8 +104,9 @@ MIN_KEY_BUCKETS = 2
 MAX_KEY_BUCKETS = 1 << 16
 # Duplicates tasks: at most this many, each a contiguous range of buckets, so that a task maps
 # each piece's keys file once for all its buckets (a mapping and its first page faults cost
-# about 0.14 ms of CPU per file: per bucket, that was 43 of the 45 CPU-s of a 1 % delta on a
-# 20 GB base, growing as pieces x buckets). A constant, not a function of the workers: the plan
+# about 0.14 ms of CPU per file: with a task per bucket, 22.5 CPU-s for the 256 buckets of a
+# 20 GB base, measured alone, and most of a 1 % delta's 45; growing as pieces x buckets;
+# docs/scale.md). A constant, not a function of the workers: the plan
 # is made before the runner, and how the work is split never changes what is written. 16 keeps
 # 16 workers busy, balances 2 to 8 of them, and is a power of two like the bucket count, so
 # every task gets as many buckets; a task still handles one bucket at a time (flat memory).
@@ -710,8 +711,8 @@ class SdssJob:
     def duplicate_rows(self, done: Results, work: Path) -> dict[int, tuple[int, ...]]:
         """The buckets holding each piece's duplicates of lower pieces' keys."""
         buckets: dict[int, list[int]] = {}
-        found = [bucket for task in done["duplicates"] for bucket in task["buckets"]]
-        for result in sorted(found, key=lambda r: r["bucket"]):
+        results = [bucket for task in done["duplicates"] for bucket in task["buckets"]]
+        for result in sorted(results, key=lambda r: r["bucket"]):
             for piece, _count in result["pieces"]:
                 buckets.setdefault(int(piece), []).append(int(result["bucket"]))
         return {piece: tuple(found) for piece, found in buckets.items()}
