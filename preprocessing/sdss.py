@@ -10,10 +10,15 @@ group's index, numbered in the raw version's file order
     │  (features computed: magnitudes, colours u-g g-r r-i i-z, Petrosian magnitudes and radii,
     │  the class encoded, redshift and the ids kept), their keys written sorted by key hash
     ▼
+(matches pass, only when an earlier version holds every piece but the new ones, in order: at
+most 16 tasks, each a group of earlier pieces, keep the earlier keys whose key hash a new key
+has; each earlier key hash is read once)
+    ▼
 duplicates pass, one task per range of key buckets (a bucket: a range of the key hash, about
 250,000 keys; at most 16 tasks, each mapping every piece's keys file once): bucket by bucket,
-the keys of that bucket from every piece; a key already in a lower piece marks its row a
-duplicate
+the keys of that bucket from every piece (after a matches pass: from the new pieces and the
+matched earlier keys, plus the earlier version's duplicates); a key already in a lower piece
+marks its row a duplicate
     │  rescan pass, one task per piece holding such rows: the scan again, those rows quarantined
     │  as "duplicate (objid, specobjid)" too (none when the pieces share no key)
     ▼
@@ -23,7 +28,8 @@ into _quarantine/part-NNNNN.parquet; its keys into _state/keys/part-NNNNN.arrow;
 feature sums for the normalisation
     ▼
 processed version "sdss-processed"; rows in = rows out + rows quarantined; _state/pieces.json
-records every piece's counts, sums, duplicates and files
+records every piece's counts, sums, duplicates and files, _state/duplicates.arrow every row
+repeating a lower piece's key
 
 Every output of a piece depends on that piece, R, the split fractions and which of its rows
 repeat a lower piece's keys: a processed version of a raw version that adds pieces to an earlier
@@ -555,11 +561,10 @@ def match_old_keys(
         hashes = columns["hash"]
         keys += len(hashes)
         maybe = np.flatnonzero(table[(hashes >> shift).astype(np.intp)])
-        if len(wanted) and len(maybe):
-            at = np.minimum(np.searchsorted(wanted, hashes[maybe]), len(wanted) - 1)
-            maybe = maybe[wanted[at] == hashes[maybe]]
-        if not len(wanted) or not len(maybe):
+        if not len(maybe):  # always so when there are no new keys
             continue
+        at = np.minimum(np.searchsorted(wanted, hashes[maybe]), len(wanted) - 1)
+        maybe = maybe[wanted[at] == hashes[maybe]]
         for name in KEY_COLUMNS:
             found[name].append(columns[name][maybe])
         found["piece"].append(np.full(len(maybe), number, dtype=np.int64))
