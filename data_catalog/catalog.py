@@ -540,7 +540,10 @@ class Catalog:
         fsync_dir(self._staging)
         try:
             failpoint("moved")
-            self._storage.store_objects(directory, {f.path: f.sha256 for f in manifest.files})
+            self._storage.store_objects(
+                directory,
+                {f.path: f.sha256 for f in manifest.files if f.path not in staging.linked_objects},
+            )
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -934,6 +937,8 @@ class Staging:
         self._run: dict[str, Any] = {}
         self._reused: dict[str, FileEntry] = {}
         self.reused_from: dict[str, str] = {}
+        # Reused files that are links to their objects: committed, durable, nothing to store.
+        self.linked_objects: set[str] = set()
         """On a URL root, each reused file's parent bytes (relative to the root): copied to
         its object at the commit if that object is missing (a parent of manifest format 1)."""
 
@@ -1017,7 +1022,11 @@ class Staging:
         # A URL catalog uploads the files instead: fsync would buy nothing, and its failpoints
         # fire during the upload (Catalog._upload_objects).
         files = describe_and_sync(
-            self.path, file_rows, sync=local, described={**(described or {}), **staged_reused}
+            self.path,
+            file_rows,
+            sync=local,
+            described={**(described or {}), **staged_reused},
+            durable=self.linked_objects,
         )
         unstaged = [e for k, e in self._reused.items() if k not in staged_reused]
         files = tuple(sorted((*files, *unstaged), key=lambda e: e.path))
@@ -1050,12 +1059,16 @@ class Staging:
         _entry_parts(parent, reused)  # refuses a path that would leave the version
         catalog = self._catalog
         if isinstance(catalog._storage, LocalStorage):
-            source = catalog.file_path(parent, entry)
-            if not catalog._storage.link_object(entry.sha256, source, self.path / relpath):
+            linked = catalog._storage.link_object(
+                entry.sha256, lambda: catalog.file_path(parent, entry), self.path / relpath
+            )
+            if linked is None:
                 raise CatalogError(
                     f"{entry.path} of {parent.ref} is gone from catalog {catalog.url}; run "
                     f"`shardflow catalog verify {parent.name}`"
                 )
+            if linked == "object":
+                self.linked_objects.add(relpath)
         else:
             self.reused_from[relpath] = _bytes_key(catalog, parent, entry)
         self._reused[relpath] = reused

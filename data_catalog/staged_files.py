@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -53,15 +53,23 @@ def relative_files(directory: Path) -> list[str]:
 
     Symlinks are refused: a version must hold its bytes, not point at bytes that can change.
     """
-    found = []
-    for dirpath, dirnames, filenames in os.walk(directory):
-        for entry in [*dirnames, *filenames]:
-            full = Path(dirpath, entry)
-            if full.is_symlink():
-                raise CatalogError(
-                    f"staged path {full} is a symlink; copy the file into the staging directory"
-                )
-        found += [Path(dirpath, f).relative_to(directory).as_posix() for f in filenames]
+    found: list[str] = []
+    # os.scandir's entries know their type from the directory itself: no stat per file (a
+    # version of 3,000 files paid 0.2 CPU-s for Path objects and lstat calls here).
+    folders = [(str(directory), "")]
+    while folders:
+        folder, prefix = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    raise CatalogError(
+                        f"staged path {entry.path} is a symlink; copy the file into the "
+                        "staging directory"
+                    )
+                if entry.is_dir():
+                    folders.append((entry.path, f"{prefix}{entry.name}/"))
+                else:
+                    found.append(prefix + entry.name)
     return sorted(found)
 
 
@@ -71,6 +79,7 @@ def describe_and_sync(
     *,
     sync: bool = True,
     described: Mapping[str, FileEntry] | None = None,
+    durable: Collection[str] = (),
 ) -> tuple[FileEntry, ...]:
     """Hash, count and fsync every file under ``directory``, then fsync every directory.
 
@@ -79,7 +88,8 @@ def describe_and_sync(
 
     ``described`` holds entries the writers computed as they wrote (digest, rows, row groups),
     so that a commit of terabytes reads nothing again: such a file is only checked for its
-    size and, with ``sync``, fsynced (cheap when its writer already did).
+    size and, with ``sync``, fsynced (cheap when its writer already did). ``durable`` names
+    described files that are links to committed objects: not fsynced again.
     """
     file_rows = dict(file_rows or {})
     described = dict(described or {})
@@ -106,7 +116,7 @@ def describe_and_sync(
                     f"staged file {relpath} is {path.stat().st_size} bytes, its writer "
                     f"described {entry.bytes}"
                 )
-            if sync:
+            if sync and relpath not in durable:
                 _fsync(path)
             entries.append(entry)
             continue

@@ -31,7 +31,7 @@ import posixpath
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -187,10 +187,10 @@ class LocalStorage:
             os.close(fd)
 
     def store_objects(self, directory: Path, digests: Mapping[str, str]) -> None:
-        """Make every file of ``directory`` (a version's folder, not yet visible; ``digests``:
-        sha256 by relative path) a link to its object: a file whose bytes an object already
-        holds is replaced by a link to it (the copy is freed), any other becomes the object.
-        Files are read-only from then on: every version that holds them shares them."""
+        """Make every file of ``directory`` named in ``digests`` (a version's folder, not yet
+        visible; sha256 by relative path) a link to its object: a file whose bytes an object
+        already holds is replaced by a link to it (the copy is freed), any other becomes the
+        object. Files are read-only from then on: every version that holds them shares them."""
         with self.objects_lock(exclusive=False):
             touched: set[Path] = set()
             for relpath, sha in digests.items():
@@ -221,18 +221,22 @@ class LocalStorage:
                 continue  # another writer stored the same bytes first: use theirs
         raise CatalogError(f"cannot store {path} as object {target}")
 
-    def link_object(self, sha: str, source: Path, dest: Path) -> bool:
-        """Put the object ``sha`` (or else the file ``source``, which holds the same bytes) at
-        ``dest`` as a hard link: no copy. False when neither exists."""
+    def link_object(self, sha: str, source: Callable[[], Path], dest: Path) -> str | None:
+        """Put the object ``sha`` (or else the file at ``source()``, which holds the same
+        bytes) at ``dest`` as a hard link: no copy. Which it linked: "object" (``dest`` is the
+        object, nothing to store) or "source"; None when neither exists."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         with self.objects_lock(exclusive=False):
-            for candidate in (self.path(object_key(sha)), source):
-                try:
-                    os.link(candidate, dest)
-                    return True
-                except FileNotFoundError:
-                    continue
-        return False
+            try:
+                os.link(self.path(object_key(sha)), dest)
+                return "object"
+            except FileNotFoundError:
+                pass
+            try:
+                os.link(source(), dest)
+                return "source"
+            except FileNotFoundError:
+                return None
 
     def unreferenced_objects(self) -> Iterator[Path]:
         """Objects no version folder links to (link count 1); call under the exclusive lock."""

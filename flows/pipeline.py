@@ -203,7 +203,8 @@ def _files_shown(manifest: Manifest, what: str) -> str:
 _PREPROCESS_BAR = {
     "scan": (0.0, 0.1),
     "decode": (0.0, 0.1),
-    "duplicates": (0.1, 0.12),
+    "matches": (0.1, 0.11),
+    "duplicates": (0.11, 0.12),
     "rescan": (0.12, 0.15),
 }
 

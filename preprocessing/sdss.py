@@ -10,10 +10,15 @@ group's index, numbered in the raw version's file order
     │  (features computed: magnitudes, colours u-g g-r r-i i-z, Petrosian magnitudes and radii,
     │  the class encoded, redshift and the ids kept), their keys written sorted by key hash
     ▼
+(matches pass, only when an earlier version holds every piece but the new ones, in order: at
+most 16 tasks, each a group of earlier pieces, keep the earlier keys whose key hash a new key
+has; each earlier key hash is read once)
+    ▼
 duplicates pass, one task per range of key buckets (a bucket: a range of the key hash, about
 250,000 keys; at most 16 tasks, each mapping every piece's keys file once): bucket by bucket,
-the keys of that bucket from every piece; a key already in a lower piece marks its row a
-duplicate
+the keys of that bucket from every piece (after a matches pass: from the new pieces and the
+matched earlier keys, plus the earlier version's duplicates); a key already in a lower piece
+marks its row a duplicate
     │  rescan pass, one task per piece holding such rows: the scan again, those rows quarantined
     │  as "duplicate (objid, specobjid)" too (none when the pieces share no key)
     ▼
@@ -23,7 +28,8 @@ into _quarantine/part-NNNNN.parquet; its keys into _state/keys/part-NNNNN.arrow;
 feature sums for the normalisation
     ▼
 processed version "sdss-processed"; rows in = rows out + rows quarantined; _state/pieces.json
-records every piece's counts, sums, duplicates and files
+records every piece's counts, sums, duplicates and files, _state/duplicates.arrow every row
+repeating a lower piece's key
 
 Every output of a piece depends on that piece, R, the split fractions and which of its rows
 repeat a lower piece's keys: a processed version of a raw version that adds pieces to an earlier
@@ -115,6 +121,14 @@ MAX_DUPLICATE_TASKS = 16
 RESCAN_FOLDER = "rescan"
 # What every processed version records of its pieces, for the next version to reuse them.
 PIECES_FILE = "_state/pieces.json"
+# ... and of its rows that repeat a lower piece's key (piece key, row, key hash): the next
+# version's duplicates pass then compares only the keys of the pieces it adds (docs/scale.md).
+DUPLICATES_FILE = "_state/duplicates.arrow"
+# Matches tasks (that comparison's first half) read about this many of the earlier pieces' keys
+# each, at least two tasks and at most MAX_DUPLICATE_TASKS: each task first builds the table of
+# the new keys' hashes (about 40 ms of CPU per 500,000 new keys), then reads each key hash once
+# (about 6 ns each). At 8,000,000 a 20 GB base took 7 tasks and 1.0 CPU-s; at 32,000,000, 2.
+MATCH_TASK_ROWS = 32_000_000
 SPLIT_BY = "hash of (objid, specobjid) (preprocessing.splits.sample_hash)"
 
 
@@ -235,6 +249,12 @@ def duplicates_path(work: str, bucket: int) -> Path:
     return Path(work) / "duplicates" / f"{bucket:05d}.arrow"
 
 
+def matches_path(work: str, group: int) -> Path:
+    """The keys of group ``group`` of an earlier version's pieces whose key hash a new piece's
+    key shares: (piece, hash, objid, specobjid, row), sorted by key hash."""
+    return Path(work) / "matches" / f"{group:05d}.arrow"
+
+
 def output_path(split: str, piece: int) -> str:
     """Where piece ``piece``'s rows of ``split`` go in the version (also "quarantine")."""
     return version_file(split, f"part-{piece:05d}.parquet")
@@ -328,13 +348,16 @@ def scan_piece(
     return result
 
 
-def _mapped_keys(path: str) -> dict[str, npt.NDArray[Any]]:
+KEY_COLUMNS = ("hash", "objid", "specobjid", "row")
+
+
+def _mapped_keys(path: str, columns: tuple[str, ...] = KEY_COLUMNS) -> dict[str, npt.NDArray[Any]]:
     """A keys file's columns as numpy views of its memory map (its file is closed at once: the
     mapping lives as long as the arrays, and a task holding every piece's keys holds no file
     descriptors)."""
     with pa.memory_map(path) as source:
         keys = pa.ipc.open_file(source).read_all()
-    return {name: keys.column(name).to_numpy() for name in ("hash", "objid", "specobjid", "row")}
+    return {name: keys.column(name).to_numpy() for name in columns}
 
 
 def _bucket_starts(
@@ -351,13 +374,47 @@ def _bucket_starts(
     return stops.astype(np.int64)
 
 
+@dataclass(frozen=True)
+class KnownDuplicates:
+    """An earlier version's rows that repeat a lower piece's key (its :data:`DUPLICATES_FILE`),
+    and the number each of its pieces has now: they repeat it still when the earlier pieces
+    keep their order and none is gone."""
+
+    location: str
+    numbers: dict[str, int]
+    """This version's number of each earlier piece, by piece key."""
+
+    def read(self, work: str) -> dict[str, npt.NDArray[Any]]:
+        """Their (piece, row, hash), sorted by key hash, pieces numbered as now."""
+        with pa.memory_map(local_copy(self.location, work)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        pieces = table.column("piece").combine_chunks()
+        numbers = np.array(
+            [self.numbers[key] for key in pieces.dictionary.to_pylist()], dtype=np.int64
+        )
+        return {
+            "piece": numbers[pieces.indices.to_numpy()],
+            "row": table.column("row").to_numpy(),
+            "hash": table.column("hash").to_numpy(),
+        }
+
+
 def find_duplicates(
-    buckets: tuple[int, int], num_buckets: int, keys: tuple[tuple[int, str], ...], work: str
+    buckets: tuple[int, int],
+    num_buckets: int,
+    keys: tuple[tuple[int, str], ...],
+    work: str,
+    matches: tuple[str, ...] = (),
+    known: KnownDuplicates | None = None,
 ) -> Result:
     """Duplicates task, the key buckets ``range(*buckets)``: ``keys`` are (piece, keys file) of
     every piece, each mapped once for all the buckets; then bucket by bucket,
     :func:`bucket_duplicates` of its slice of every file. A bucket a run before this one
-    recorded is not done again. The result: each bucket's, in bucket order, under "buckets"."""
+    recorded is not done again. The result: each bucket's, in bucket order, under "buckets".
+
+    An incremental run passes the new pieces' keys only, with the earlier pieces' keys that
+    share a hash with one of them (``matches``, :func:`match_old_keys`) and the earlier
+    version's own duplicates (``known``): what a run over every piece's keys finds."""
     todo = range(*buckets)
     recorded = {bucket: recorded_result(duplicates_path(work, bucket)) for bucket in todo}
     results: dict[int, Result] = {
@@ -367,47 +424,71 @@ def find_duplicates(
     }
     left = [bucket for bucket in todo if bucket not in results]
     if left:
+        span = range(left[0], left[-1] + 1)
         files = []
         for number, path in keys:
             columns = _mapped_keys(local_copy(path, work))
-            starts = _bucket_starts(columns["hash"], range(left[0], left[-1] + 1), num_buckets)
-            files.append((number, columns, starts))
+            columns["piece"] = np.full(len(columns["row"]), number, dtype=np.int64)
+            files.append((columns, _bucket_starts(columns["hash"], span, num_buckets)))
+        for path in matches:
+            columns = _mapped_keys(path, ("piece", *KEY_COLUMNS))
+            files.append((columns, _bucket_starts(columns["hash"], span, num_buckets)))
+        drops = known.read(work) if known is not None else None
+        drop_starts = None
+        if drops is not None:
+            drop_starts = _bucket_starts(drops["hash"], span, num_buckets)
         for bucket in left:
             at = bucket - left[0]
             parts = [
-                (
-                    number,
-                    {name: column[starts[at] : starts[at + 1]] for name, column in columns.items()},
-                )
-                for number, columns, starts in files
+                {name: column[starts[at] : starts[at + 1]] for name, column in columns.items()}
+                for columns, starts in files
             ]
-            results[bucket] = bucket_duplicates(bucket, parts, work)
+            earlier = None
+            if drops is not None and drop_starts is not None:
+                earlier = {
+                    name: column[drop_starts[at] : drop_starts[at + 1]]
+                    for name, column in drops.items()
+                }
+            results[bucket] = bucket_duplicates(bucket, parts, work, earlier)
     return {
         "buckets": [results[bucket] for bucket in todo],
         "reused": not left,
     }
 
 
-def bucket_duplicates(
-    bucket: int, parts: Sequence[tuple[int, dict[str, npt.NDArray[Any]]]], work: str
-) -> Result:
-    """One key bucket: ``parts`` are (piece, its keys of the bucket: objid, specobjid, row) of
-    every piece. Of the rows sharing a key, the one in the lowest piece is kept; the others are
-    written to :func:`duplicates_path`, by (piece, row). A piece holds a key once (the scan
-    quarantined its repeats), so which row is first never depends on the order of the tasks."""
-    out = duplicates_path(work, bucket)
-    columns: dict[str, list[npt.NDArray[Any]]] = {"objid": [], "specobjid": [], "row": []}
-    numbers = []
-    for number, part in parts:
-        for name, arrays in columns.items():
-            arrays.append(part[name])
-        numbers.append(np.full(len(part["row"]), number, dtype=np.int64))
-    empty = {"objid": np.uint64, "specobjid": np.uint64, "row": np.int64}
-    objid, specobjid, row = (
-        np.concatenate(arrays) if arrays else np.zeros(0, dtype=empty[name])
-        for name, arrays in columns.items()
+def _concatenated(
+    parts: Sequence[dict[str, npt.NDArray[Any]]], names: dict[str, type]
+) -> tuple[npt.NDArray[Any], ...]:
+    return tuple(
+        np.concatenate([part[name] for part in parts]).astype(kind, copy=False)
+        if parts
+        else np.zeros(0, dtype=kind)
+        for name, kind in names.items()
     )
-    piece = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int64)
+
+
+def bucket_duplicates(
+    bucket: int,
+    parts: Sequence[dict[str, npt.NDArray[Any]]],
+    work: str,
+    earlier: dict[str, npt.NDArray[Any]] | None = None,
+) -> Result:
+    """One key bucket: ``parts`` are the keys of the bucket (piece, hash, objid, specobjid,
+    row) of every piece. Of the rows sharing a key, the one in the lowest piece is kept; the
+    others, and the ``earlier`` duplicates (piece, row, hash) if any, are written to
+    :func:`duplicates_path`, by (piece, row). A piece holds a key once (the scan quarantined
+    its repeats), so which row is first never depends on the order of the tasks."""
+    out = duplicates_path(work, bucket)
+    objid, specobjid, row, piece, hashes = _concatenated(
+        parts,
+        {
+            "objid": np.uint64,
+            "specobjid": np.uint64,
+            "row": np.int64,
+            "piece": np.int64,
+            "hash": np.uint64,
+        },
+    )
     keys_in_bucket = len(objid)
     # Only rows whose objid occurs more than once can repeat a key: one sort of one column
     # finds them (a four-column lexsort of every key cost 10 % of the whole preprocess).
@@ -418,20 +499,97 @@ def bucket_duplicates(
     shared[1:] |= same
     shared[:-1] |= same
     candidates = by_objid[shared]
-    objid, specobjid, row, piece = (a[candidates] for a in (objid, specobjid, row, piece))
+    objid, specobjid, row, piece, hashes = (
+        a[candidates] for a in (objid, specobjid, row, piece, hashes)
+    )
     order = np.lexsort((row, piece, specobjid, objid))
     objid, specobjid = objid[order], specobjid[order]
     repeat = np.zeros(len(order), dtype=bool)
     repeat[1:] = (objid[1:] == objid[:-1]) & (specobjid[1:] == specobjid[:-1])
-    dropped_piece, dropped_row = piece[order][repeat], row[order][repeat]
-    by = np.lexsort((dropped_row, dropped_piece))
-    _write_ipc(pa.table({"piece": dropped_piece[by], "row": dropped_row[by]}), out)
-    pieces, counts = np.unique(dropped_piece, return_counts=True)
+    dropped = {
+        "piece": piece[order][repeat],
+        "row": row[order][repeat],
+        "hash": hashes[order][repeat],
+    }
+    if earlier is not None:
+        # The earlier version's duplicates, some of which a new key may have found again.
+        dropped = {name: np.concatenate([dropped[name], earlier[name]]) for name in dropped}
+        _, first = np.unique(
+            np.stack([dropped["piece"], dropped["row"]]), axis=1, return_index=True
+        )
+        dropped = {name: column[first] for name, column in dropped.items()}
+    by = np.lexsort((dropped["row"], dropped["piece"]))
+    _write_ipc(pa.table({name: column[by] for name, column in dropped.items()}), out)
+    pieces, counts = np.unique(dropped["piece"], return_counts=True)
     result: Result = {
         "bucket": bucket,
         "keys": keys_in_bucket,
         "pieces": [[int(p), int(c)] for p, c in zip(pieces, counts, strict=True)],
     }
+    record_result(out, result)
+    return result
+
+
+def match_old_keys(
+    group: int, old: tuple[tuple[int, str], ...], new: tuple[str, ...], work: str
+) -> Result:
+    """Matches task (an incremental run), a group of an earlier version's pieces: ``old`` are
+    (piece, keys file) of each, ``new`` the keys files of the pieces this version adds. Writes
+    the old keys whose key hash is also a new key's to :func:`matches_path` (sorted by key
+    hash: the duplicates tasks slice it by bucket, as a piece's keys file), so that those
+    tasks compare the new keys with the old ones they may repeat and never read the rest.
+
+    Each old key hash is read once and looked up in two tables of the new hashes, of their high
+    bits and of their low bits (about 32 slots per new key each: one old key in a thousand
+    passes both), then searched exactly; only a file with a match is read further."""
+    out = matches_path(work, group)
+    recorded = recorded_result(out)
+    if recorded is not None:
+        return {**recorded, "reused": True}
+    wanted = np.unique(
+        np.concatenate(
+            [_mapped_keys(local_copy(path, work), ("hash",))["hash"] for path in new]
+            or [np.zeros(0, dtype=np.uint64)]
+        )
+    )
+    bits = int(min(26, max(16, (len(wanted) * 32).bit_length())))
+    shift, mask = np.uint64(64 - bits), np.uint64((1 << bits) - 1)
+    high, low = np.zeros(1 << bits, dtype=bool), np.zeros(1 << bits, dtype=bool)
+    # The shifted and masked hashes are below 2**26: viewed as intp, they index as they are (a
+    # uint64 index costs numpy a conversion of every element; 0.27 s of 0.6 at 20 GB).
+    high[(wanted >> shift).view(np.intp)] = True
+    low[(wanted & mask).view(np.intp)] = True
+    found: dict[str, list[npt.NDArray[Any]]] = {name: [] for name in ("piece", *KEY_COLUMNS)}
+    keys = 0
+    for number, path in old:
+        hashes = _mapped_keys(local_copy(path, work), ("hash",))["hash"]
+        keys += len(hashes)
+        maybe = np.flatnonzero(high[(hashes >> shift).view(np.intp)])
+        maybe = maybe[low[(hashes[maybe] & mask).view(np.intp)]]
+        if not len(maybe):  # always so when there are no new keys
+            continue
+        at = np.minimum(np.searchsorted(wanted, hashes[maybe]), len(wanted) - 1)
+        maybe = maybe[wanted[at] == hashes[maybe]]
+        if not len(maybe):
+            continue
+        columns = _mapped_keys(local_copy(path, work))
+        for name in KEY_COLUMNS:
+            found[name].append(columns[name][maybe])
+        found["piece"].append(np.full(len(maybe), number, dtype=np.int64))
+    kinds = {
+        "piece": np.int64,
+        "hash": np.uint64,
+        "objid": np.uint64,
+        "specobjid": np.uint64,
+        "row": np.int64,
+    }
+    matched = {
+        name: np.concatenate(arrays) if arrays else np.zeros(0, dtype=kinds[name])
+        for name, arrays in found.items()
+    }
+    order = np.argsort(matched["hash"], kind="stable")
+    _write_ipc(pa.table({name: column[order] for name, column in matched.items()}), out)
+    result: Result = {"group": group, "keys": keys, "matches": len(order)}
     record_result(out, result)
     return result
 
@@ -584,6 +742,8 @@ class Earlier:
     """Its files, by path."""
     keys: dict[str, str]
     """Each piece's keys file where a task can open it, by piece key."""
+    duplicates: str | None = None
+    """Its :data:`DUPLICATES_FILE` where a task can open it (None if it has none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -606,7 +766,7 @@ class SdssJob:
     feature_columns: tuple[str, ...] = schemas.SDSS_FEATURES
     """What training takes: ``stored``, and redshift when asked for."""
     kind: str = "processed"
-    passes: tuple[str, ...] = ("scan", "duplicates", "rescan", "write")
+    passes: tuple[str, ...] = ("scan", "matches", "duplicates", "rescan", "write")
 
     @property
     def work_key(self) -> str:
@@ -655,9 +815,11 @@ class SdssJob:
                 for p in self.pieces
                 if self._kept_record(p) is None
             ]
-        if pass_name == "duplicates":
+        if pass_name == "matches":
             self._refuse_no_training_rows(done["scan"])
-            return self._duplicate_tasks(done["scan"], work)
+            return self._match_tasks(done["scan"], work)
+        if pass_name == "duplicates":
+            return self._duplicate_tasks(done, work)
         if pass_name == "rescan":
             return self._rescan_tasks(done, work)
         return self._write_tasks(done, work)
@@ -690,10 +852,62 @@ class SdssJob:
             return self.earlier.keys[str(scan["key"])]
         return str(scan["keys"])
 
-    def _duplicate_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
-        keys = tuple(
-            (int(r["piece"]), self._keys_file(r)) for r in sorted(scans, key=lambda r: r["piece"])
+    def _old_pieces(self) -> list[Piece] | None:
+        """The pieces the earlier version holds, when the duplicates pass need compare only
+        the new pieces' keys with theirs: it records its duplicates, this version holds each
+        of its pieces once (none is gone) and in the same order, so that among them the same
+        row of a key is first. None when the pass must compare every key."""
+        earlier = self.earlier
+        if earlier is None or earlier.duplicates is None:
+            return None
+        old = [p for p in self.pieces if p.key in earlier.pieces]
+        before = [int(earlier.pieces[p.key]["number"]) for p in old]
+        if len({p.key for p in old}) != len(earlier.pieces) or len(old) != len(earlier.pieces):
+            return None
+        return old if before == sorted(before) else None
+
+    def _match_tasks(self, scans: Sequence[Result], work: Path) -> list[TaskSpec]:
+        """An incremental run's: groups of the earlier pieces, each task finding which of
+        their keys share a key hash with a new piece's (:func:`match_old_keys`)."""
+        old = self._old_pieces()
+        ordered = sorted(scans, key=lambda r: r["piece"])
+        new = tuple(self._keys_file(r) for r in ordered if not r.get("earlier"))
+        if old is None or not new:
+            return []
+        rows = sum(p.rows for p in old)
+        tasks = min(
+            MAX_DUPLICATE_TASKS, len(old), max(MIN_KEY_BUCKETS, -(-rows // MATCH_TASK_ROWS))
         )
+        groups = [old[len(old) * t // tasks : len(old) * (t + 1) // tasks] for t in range(tasks)]
+        assert self.earlier is not None
+        return [
+            TaskSpec(
+                key=f"matches-{group:05d}",
+                fn=match_old_keys,
+                args=(
+                    group,
+                    tuple((p.number, self.earlier.keys[p.key]) for p in pieces),
+                    new,
+                    str(work),
+                ),
+                rows=sum(p.rows for p in pieces),
+                threads=True,
+            )
+            for group, pieces in enumerate(groups)
+        ]
+
+    def _duplicate_tasks(self, done: Results, work: Path) -> list[TaskSpec]:
+        """Tasks of ranges of key buckets over every piece's keys; in an incremental run, over
+        the new pieces' keys, the earlier ones they match and the earlier version's
+        duplicates."""
+        scans = sorted(done["scan"], key=lambda r: r["piece"])
+        matches = tuple(str(matches_path(str(work), int(r["group"]))) for r in done["matches"])
+        old = self._old_pieces()
+        known = None
+        if old is not None and self.earlier is not None and self.earlier.duplicates:
+            known = KnownDuplicates(self.earlier.duplicates, {p.key: p.number for p in old})
+            scans = [r for r in scans if not r.get("earlier")]
+        keys = tuple((int(r["piece"]), self._keys_file(r)) for r in scans)
         rows = sum(p.rows for p in self.pieces)
         num_buckets = self.num_key_buckets
         return [
@@ -701,7 +915,7 @@ class SdssJob:
                 # Named by its first bucket, as when a task had one bucket.
                 key=f"duplicates-{first:05d}",
                 fn=find_duplicates,
-                args=((first, stop), num_buckets, keys, str(work)),
+                args=((first, stop), num_buckets, keys, str(work), matches, known),
                 rows=rows * (stop - first) // num_buckets,
                 threads=True,
             )
@@ -821,6 +1035,7 @@ class SdssJob:
         state = stage.path / PIECES_FILE
         state.parent.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps({"pieces": records}, sort_keys=True) + "\n")
+        self._record_duplicates(stage.path / DUPLICATES_FILE, work)
         layout = self.layout(scans, [written[p.number] for p in self.pieces], rows_per_group)
         reused = sum(bool(written[p.number].get("earlier")) for p in self.pieces)
         if self.earlier is not None:
@@ -847,6 +1062,28 @@ class SdssJob:
             parents=self.parents,
             parameters=self.parameters,
             described=files,
+        )
+
+    def _record_duplicates(self, path: Path, work: Path) -> None:
+        """Every bucket's duplicates, by piece key and sorted by key hash, into ``path`` (the
+        version's :data:`DUPLICATES_FILE`, for the next version to start from)."""
+        found = [
+            pa.ipc.open_file(pa.memory_map(str(duplicates_path(str(work), bucket)))).read_all()
+            for bucket in range(self.num_key_buckets)
+        ]
+        table = pa.concat_tables(found)
+        keys = np.array([p.key for p in self.pieces], dtype=object)
+        order = np.argsort(table.column("hash").to_numpy(), kind="stable")
+        pieces = keys[table.column("piece").to_numpy()[order]]
+        _write_ipc(
+            pa.table(
+                {
+                    "piece": pa.array(pieces, type=pa.string()).dictionary_encode(),
+                    "row": table.column("row").to_numpy()[order],
+                    "hash": table.column("hash").to_numpy()[order],
+                }
+            ),
+            path,
         )
 
     def _stage_piece(
@@ -970,6 +1207,11 @@ def _earlier(catalog: Catalog, name: str, parameters: dict[str, Any]) -> Earlier
             manifest=manifest,
             pieces={r["key"]: r for r in records},
             files=files,
+            duplicates=(
+                catalog.file_url(manifest, files[DUPLICATES_FILE])
+                if DUPLICATES_FILE in files
+                else None
+            ),
             keys={
                 r["key"]: catalog.file_url(manifest, files[keys_output_path(int(r["number"]))])
                 for r in records

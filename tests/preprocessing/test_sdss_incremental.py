@@ -11,7 +11,7 @@ import pytest
 
 from data_catalog import Catalog, Manifest
 from preprocessing.config import JobOptions
-from preprocessing.driver import run_job, serial_runner
+from preprocessing.driver import SerialRunner, run_job, run_passes, serial_runner
 from preprocessing.plan import PlanConfig
 from preprocessing.sdss import PIECES_FILE, plan_sdss_job
 from preprocessing.sources.exports import ingest_exports
@@ -162,3 +162,64 @@ def test_row_groups_that_grow_with_a_small_split_rewrite_every_piece(
     assert grown.statistics["train"]["rows_per_group"] > first.statistics["train"]["rows_per_group"]
     assert grown.extra["run"]["incremental"]["pieces_reused"] == 0
     assert _files(grown) == _files(_scratch(tmp_path, exports, small))
+
+
+def _rows_of(export: Path, start: int, stop: int) -> str:
+    """Rows ``start``..``stop`` of an export (a CSV with comment lines before its header)."""
+    lines = export.read_text().splitlines(keepends=True)
+    header = next(i for i, line in enumerate(lines) if line.startswith("objid"))
+    return "".join(lines[header + 1 + start : header + 1 + stop])
+
+
+def _with_header(export: Path, body: str) -> str:
+    lines = export.read_text().splitlines(keepends=True)
+    header = next(i for i, line in enumerate(lines) if line.startswith("objid"))
+    return "".join(lines[: header + 1]) + body
+
+
+def test_the_duplicates_of_a_grown_version_compare_only_the_new_keys(
+    exports: Path, tmp_path: Path
+) -> None:
+    """A base holding duplicates across its pieces grows by exports that repeat its rows (one
+    first in file order, one last) and each other's: the duplicates pass compares the new keys
+    with the base's matching ones and starts from the base's duplicates, and the version equals
+    a from-scratch run."""
+    first_export, *_, last_export = sorted(exports.glob("*.csv"))
+    (exports / "m-base-repeats.csv").write_text(
+        _with_header(first_export, _rows_of(last_export, 0, 40) + _rows_of(first_export, 100, 120))
+    )
+    catalog = Catalog(tmp_path / "catalog")
+    base = _processed(catalog, exports)
+    duplicate = "duplicate (objid, specobjid)"
+    assert base.statistics["quarantine"]["reasons"][duplicate] == 60
+
+    write_sdss_exports(tmp_path / "news", rows=1_500, files=1, fmt="csv", seed=23)
+    news = next((tmp_path / "news").glob("*.csv"))
+    # First in file order: rows the base holds twice already, rows of its last export, and
+    # rows the export below holds too.
+    (exports / "a-first.csv").write_text(
+        _with_header(
+            first_export,
+            _rows_of(last_export, 0, 10) + _rows_of(last_export, 500, 530) + _rows_of(news, 0, 5),
+        )
+    )
+    (exports / "z-last.csv").write_text(
+        _with_header(first_export, _rows_of(first_export, 200, 225) + _rows_of(news, 0, 1_500))
+    )
+    raw = ingest_exports(catalog, source=str(exports))
+    job = plan_sdss_job(catalog, raw, OPTIONS)
+    assert job.earlier is not None and job.earlier.manifest.version == base.version
+    # Compared: the new pieces' keys and the few old ones they match, not every key.
+    done = run_passes(job, SerialRunner(), tmp_path / "passes")
+    compared = sum(b["keys"] for task in done["duplicates"] for b in task["buckets"])
+    assert len(done["matches"]) >= 1
+    assert 1_500 + 70 <= compared < 1_500 + 70 + 200
+    grown = run_job(catalog, job, runner=serial_runner)
+    assert grown.extra["run"]["passes"]["matches"]["tasks"] >= 1
+    scratch = _scratch(tmp_path, exports)
+    assert _files(grown) == _files(scratch)
+    assert grown.statistics == scratch.statistics
+    # 60 of the base, 10 + 30 of the last export (now behind a-first), 5 of news in z-last,
+    # 25 of the first export in z-last.
+    assert grown.statistics["quarantine"]["reasons"][duplicate] == 60 + 40 + 5 + 25
+    assert "matches" not in scratch.extra["run"]["passes"]  # no earlier version: every key
