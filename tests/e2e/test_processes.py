@@ -365,7 +365,10 @@ def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
     # can only end by its timeout however fast the machine trains.
     monkeypatch.setenv("SHARDFLOW_TEST_PAUSE_AT", "trained")
     run = ["run", "fashion-mnist", "--source", str(fashion_subset), "--np", "2", "--epochs", "1"]
-    with started([*run, "--train-timeout", "90"], home, tmp_path) as proc:
+    # The timeout only has to fire after both ranks have started training (else the wait below
+    # fails): alone at load 3-4 they were training 10-12 s after the train task began, so 45 s
+    # leaves them four times that. Every second past it is the test waiting on the paused rank.
+    with started([*run, "--train-timeout", "45"], home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
         wait_for(
             "both ranks training", lambda: training_has_begun(home, command), START_SECONDS, proc
@@ -374,7 +377,7 @@ def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
         stderr = stderr_of(proc)
         assert returncode == 1, stderr[-3000:]
         assert stderr.splitlines() == [
-            "shardflow: error: training stopped after its timeout of 90 s (timeout_seconds): "
+            "shardflow: error: training stopped after its timeout of 45 s (timeout_seconds): "
             "horovodrun and its ranks were stopped, no model committed"
         ], stderr[-3000:]
         assert training_processes(home) == []
