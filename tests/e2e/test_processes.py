@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import copy_home, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -173,24 +173,10 @@ def stderr_of(command: subprocess.Popen[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def processed_home(fashion_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home with the Fashion-MNIST subset ingested and preprocessed; each test trains on a
-    copy of it."""
-    base = tmp_path_factory.mktemp("processed")
-    home = base / "home"
-    for args in (
-        ["ingest", "fashion-mnist", "--source", str(fashion_subset)],
-        ["preprocess", "fashion-mnist"],
-    ):
-        done = subprocess.run(
-            [SHARDFLOW, *args],
-            env=command_env(home, base / "prefect"),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    return home
+def processed_home(fashion_processed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home with the Fashion-MNIST subset ingested and preprocessed (the session's, copied);
+    each test trains on a copy of it."""
+    return copy_home(fashion_processed, tmp_path_factory.mktemp("processed") / "home")
 
 
 @pytest.fixture
