@@ -351,9 +351,10 @@ def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
     # can only end by its timeout however fast the machine trains.
     monkeypatch.setenv("SHARDFLOW_TEST_PAUSE_AT", "trained")
     run = ["run", "fashion-mnist", "--source", str(fashion_subset), "--np", "2", "--epochs", "1"]
-    # The timeout only has to fire after both ranks have started training (else the wait below
-    # fails): alone at load 3-4 they were training 10-12 s after the train task began, so 45 s
-    # leaves them four times that. Every second past it is the test waiting on the paused rank.
+    # The timeout only has to fire once both ranks train and the first epoch's TensorBoard file
+    # is written (else the wait below fails): alone at load 3-4 that was 10-12 s after the train
+    # task began, so 45 s leaves four times that. Every second past it is the test waiting on
+    # the paused rank.
     with started([*run, "--train-timeout", "45"], home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
         wait_for(
