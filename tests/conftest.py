@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -70,6 +71,45 @@ def fashion_subset(tmp_path_factory: pytest.TempPathFactory) -> Path:
         labels = idx.read_records(FASHION_MNIST_DIR / (STEMS[split, "labels"] + ".gz"), 0, n)
         splits[split] = (images, labels)
     return write_idx_set(tmp_path_factory.mktemp("fashion-subset"), splits)
+
+
+@pytest.fixture(scope="session")
+def fashion_processed(fashion_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SHARDFLOW_HOME with :func:`fashion_subset` ingested and preprocessed by the CLI with
+    its defaults, made once a session (two commands, a few seconds each, that a dozen tests
+    began with). Never used in place: a test takes its own copy (:func:`fashion_home`,
+    :func:`copy_home`), so that what one test trains or commits no other sees."""
+    base = tmp_path_factory.mktemp("fashion-processed")
+    env = {
+        **os.environ,
+        "SHARDFLOW_HOME": str(base / "home"),
+        "PREFECT_HOME": str(base / "prefect"),
+    }
+    for args in (
+        ["ingest", "fashion-mnist", "--source", str(fashion_subset)],
+        ["preprocess", "fashion-mnist"],
+    ):
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "shardflow"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    return base / "home"
+
+
+def copy_home(home: Path, to: Path) -> Path:
+    """A copy of ``home`` at ``to`` (which must not exist yet)."""
+    return Path(shutil.copytree(home, to))
+
+
+@pytest.fixture
+def fashion_home(fashion_processed: Path, shardflow_home: Path) -> Path:
+    """This test's own copy of :func:`fashion_processed`, as its ``shardflow_home`` (where the
+    ``shardflow`` fixture runs)."""
+    return copy_home(fashion_processed, shardflow_home)
 
 
 @pytest.fixture(scope="session")

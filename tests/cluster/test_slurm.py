@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,11 @@ def test_a_partition_sbatch_refuses_is_one_line(slurm_cluster: Slurm, slurm_home
     assert "invalid partition" in lines[0].lower(), lines[0]
 
 
+def _finished(slurm_cluster: Slurm, job_id: str) -> dict[str, str] | None:
+    """The jobcomp record of job ``job_id`` once it has ended."""
+    return next((job for job in slurm_cluster.finished_jobs() if job["JobId"] == job_id), None)
+
+
 def test_the_pipeline_batch_script_runs_every_stage(
     slurm_cluster: Slurm, exports: Path, tmp_path: Path
 ) -> None:
@@ -146,21 +152,29 @@ def test_the_pipeline_batch_script_runs_every_stage(
     allocation's host (its two task slots), and a model committed."""
     home = tmp_path / "home"
     done = slurm_cluster.run(
-        "sbatch", "--wait", "--parsable", str(ROOT / "deploy" / "slurm" / "pipeline.sbatch"),
+        "sbatch", "--parsable", str(ROOT / "deploy" / "slurm" / "pipeline.sbatch"),
         env={**slurm_cluster.env, "SHARDFLOW_HOME": str(home), "DATASET": "sdss",
              "SOURCE": str(exports), "EPOCHS": "1", "SHARDFLOW": str(BIN / "shardflow")},
-        cwd=tmp_path, timeout=600,
+        cwd=tmp_path,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip().split(";")[0]
+    # Not `sbatch --wait`: it looks at the job 2, 10, 42, 74 s after submitting (its sleep grows
+    # fourfold up to 32 s while below MinJobAge / 2, src/sbatch/sbatch.c _job_wait), so a job
+    # done in 20 s was seen done at 42 s. Its jobcomp record is looked for every 0.5 s instead;
+    # JobState COMPLETED is what --wait's exit 0 said (a non-zero exit is FAILED).
+    deadline = time.monotonic() + 600
+    while (record := _finished(slurm_cluster, job_id)) is None and time.monotonic() < deadline:
+        time.sleep(0.5)
     output_file = tmp_path / f"shardflow-pipeline-{job_id}.out"
     output = output_file.read_text() if job_id and output_file.exists() else ""
-    assert done.returncode == 0, (done.stderr, output[-3000:])
+    assert record is not None, ("not finished within 600 s", output[-3000:])
+    assert record["JobState"] == "COMPLETED", (record, output[-3000:])
     assert f"-np 2 -H {slurm_cluster.hostname}:2" in output, output[-3000:]
     catalog = Catalog(home / "catalog")
     model = catalog.get("sdss-dnn")
     assert model.statistics["num_ranks"] == 2
     assert list(model.parents) == [catalog.get("sdss-processed").ref]
-    record = next(job for job in slurm_cluster.finished_jobs() if job["JobId"] == job_id)
     assert (record["Name"], record["JobState"], record["ProcCnt"]) == (
         "shardflow-pipeline",
         "COMPLETED",

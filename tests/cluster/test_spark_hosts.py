@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lab.netns import Host, Hosts
+from tests.conftest import copy_home
 
 pytestmark = pytest.mark.e2e
 
@@ -37,18 +38,9 @@ def _spark_env(host: Host, work: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def processed_home(fashion_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("spark-hosts") / "home"
-    env = {**os.environ, "SHARDFLOW_HOME": str(home)}
-    for args in (
-        ["ingest", "fashion-mnist", "--source", str(fashion_subset)],
-        ["preprocess", "fashion-mnist"],
-    ):
-        done = subprocess.run(
-            [str(BIN / "shardflow"), *args], capture_output=True, text=True, env=env
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-    return home
+def processed_home(fashion_processed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Fashion-MNIST subset ingested and preprocessed (the session's, copied)."""
+    return copy_home(fashion_processed, tmp_path_factory.mktemp("spark-hosts") / "home")
 
 
 @pytest.fixture

@@ -75,13 +75,12 @@ def _fed(run_dir: Path, rank: int) -> dict[tuple[int, int], list[str]]:
 
 def test_killed_mid_epoch_resumes_with_the_uninterrupted_batches_and_weights(
     shardflow: Callable[..., Result],
-    fashion_subset: Path,
+    fashion_home: Path,
     shardflow_home: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset)).returncode == 0
-    assert shardflow("preprocess", "fashion-mnist").returncode == 0
+    # fashion_home: the subset ingested and preprocessed, in shardflow_home.
     clean_home = tmp_path / "clean-home"
     shutil.copytree(shardflow_home, clean_home)
     monkeypatch.setenv("SHARDFLOW_TEST_RECORD_ROWS", "1")

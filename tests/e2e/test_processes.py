@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import copy_home, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -173,24 +173,10 @@ def stderr_of(command: subprocess.Popen[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def processed_home(fashion_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home with the Fashion-MNIST subset ingested and preprocessed; each test trains on a
-    copy of it."""
-    base = tmp_path_factory.mktemp("processed")
-    home = base / "home"
-    for args in (
-        ["ingest", "fashion-mnist", "--source", str(fashion_subset)],
-        ["preprocess", "fashion-mnist"],
-    ):
-        done = subprocess.run(
-            [SHARDFLOW, *args],
-            env=command_env(home, base / "prefect"),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    return home
+def processed_home(fashion_processed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home with the Fashion-MNIST subset ingested and preprocessed (the session's, copied);
+    each test trains on a copy of it."""
+    return copy_home(fashion_processed, tmp_path_factory.mktemp("processed") / "home")
 
 
 @pytest.fixture
@@ -365,7 +351,11 @@ def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
     # can only end by its timeout however fast the machine trains.
     monkeypatch.setenv("SHARDFLOW_TEST_PAUSE_AT", "trained")
     run = ["run", "fashion-mnist", "--source", str(fashion_subset), "--np", "2", "--epochs", "1"]
-    with started([*run, "--train-timeout", "90"], home, tmp_path) as proc:
+    # The timeout only has to fire once both ranks train and the first epoch's TensorBoard file
+    # is written (else the wait below fails): alone at load 3-4 that was 10-12 s after the train
+    # task began, so 45 s leaves four times that. Every second past it is the test waiting on
+    # the paused rank.
+    with started([*run, "--train-timeout", "45"], home, tmp_path) as proc:
         command = psutil.Process(proc.pid)
         wait_for(
             "both ranks training", lambda: training_has_begun(home, command), START_SECONDS, proc
@@ -374,7 +364,7 @@ def test_a_run_past_its_train_timeout_fails_in_one_line_and_leaves_no_rank(
         stderr = stderr_of(proc)
         assert returncode == 1, stderr[-3000:]
         assert stderr.splitlines() == [
-            "shardflow: error: training stopped after its timeout of 90 s (timeout_seconds): "
+            "shardflow: error: training stopped after its timeout of 45 s (timeout_seconds): "
             "horovodrun and its ranks were stopped, no model committed"
         ], stderr[-3000:]
         assert training_processes(home) == []

@@ -5,18 +5,15 @@ training shard or a hand-edited manifest is refused in one line before any rank 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Result
+from tests.conftest import Result, copy_home
 
 pytestmark = pytest.mark.e2e
 
@@ -24,20 +21,10 @@ TRAIN = ("train", "fashion-mnist", "--np", "2", "--epochs", "1", "--batch-size",
 
 
 @pytest.fixture(scope="module")
-def processed_home(fashion_subset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SHARDFLOW_HOME with 2,000 real Fashion-MNIST images ingested and preprocessed."""
-    home = tmp_path_factory.mktemp("processed") / "home"
-    env = {**os.environ, "SHARDFLOW_HOME": str(home)}
-    executable = Path(sys.executable).parent / "shardflow"
-    for command in (
-        ["ingest", "fashion-mnist", "--source", str(fashion_subset)],
-        ["preprocess", "fashion-mnist"],
-    ):
-        done = subprocess.run(
-            [str(executable), *command], capture_output=True, text=True, env=env, timeout=600
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-    return home
+def processed_home(fashion_processed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SHARDFLOW_HOME with 2,000 real Fashion-MNIST images ingested and preprocessed (the
+    session's, copied)."""
+    return copy_home(fashion_processed, tmp_path_factory.mktemp("processed") / "home")
 
 
 @pytest.fixture

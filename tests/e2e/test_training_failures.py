@@ -50,10 +50,9 @@ def still_running(processes: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def test_killed_rank_stops_the_job_and_resume_finishes(
-    shardflow: Callable[..., Result], fashion_subset: Path, shardflow_home: Path, tmp_path: Path
+    shardflow: Callable[..., Result], fashion_home: Path, shardflow_home: Path, tmp_path: Path
 ) -> None:
-    assert shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset)).returncode == 0
-    assert shardflow("preprocess", "fashion-mnist").returncode == 0
+    # fashion_home: the subset ingested and preprocessed, in shardflow_home.
     # A second home with the same raw and processed versions, for a run that is never killed
     # (in the first home its model version would be the resumed run's, found and not retrained).
     clean_home = tmp_path / "clean-home"

@@ -49,7 +49,8 @@ def _night(server: str, home: Path) -> dict[str, Any]:
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
-            time.sleep(3)
+            # One GET a poll: polled every 3 s, a night was seen ended 1.5 s late on average.
+            time.sleep(0.5)
             run: dict[str, Any] = httpx.get(
                 f"{server}/api/flow_runs/{found.group(1)}", timeout=30
             ).json()

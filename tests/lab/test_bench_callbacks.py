@@ -14,10 +14,9 @@ from tests.conftest import Result
 
 @pytest.mark.e2e
 def test_bench_callbacks_reports_both_sides_and_stdout_is_its_json(
-    shardflow: Callable[..., Result], fashion_subset: Path
+    shardflow: Callable[..., Result], fashion_home: Path
 ) -> None:
-    assert shardflow("ingest", "fashion-mnist", "--source", str(fashion_subset)).returncode == 0
-    assert shardflow("preprocess", "fashion-mnist").returncode == 0
+    # fashion_home: the subset ingested and preprocessed, where `shardflow` runs.
     run = shardflow("bench", "callbacks", "fashion-mnist", "--steps", "40", "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)  # rank 0's "input metrics of epoch N" lines go to stderr
