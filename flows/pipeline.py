@@ -44,6 +44,7 @@ from data_catalog.layout import ProcessedLayout
 from flows import stages
 from flows.logs import route_library_logs
 from flows.passes import PassRuns, StageWatch
+from flows.prefect_runtime import freeze_imports, heartbeats_without_join
 from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
 from flows.settings import Settings
 from flows.stages import OnEpoch
@@ -52,6 +53,11 @@ from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import Dataset, IngestRequest, SkyServerOptions
 from preprocessing.driver import PassProgress
 from training.config import LaunchConfig, TrainConfig
+
+# Every flow run of this process ends when its function returns, not up to a second later
+# (flows.prefect_runtime): set before any flow runs, as a deployment's worker only imports this
+# module and calls the flow.
+heartbeats_without_join()
 
 # Set by the CLI's --debug: keep the tracebacks of user errors in the flow logs.
 DEBUG_ENV = "SHARDFLOW_DEBUG"
@@ -73,6 +79,7 @@ def _flow_run_edge(dataset: str, home: str | None) -> tuple[Settings, Dataset]:
     environment."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
+    freeze_imports()
     if not os.environ.get(DEBUG_ENV):
         for handler in logging.getLogger().handlers:
             if isinstance(handler, PrefectConsoleHandler) and not any(

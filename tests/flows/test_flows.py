@@ -185,6 +185,56 @@ def test_what_a_run_records_does_not_grow_with_its_tasks(harness: str, tmp_path:
     assert len(run["logs"]) < 20, [log.message for log in run["logs"]]
 
 
+def heartbeats_of(flow_run_id: Any, deadline_seconds: float = 120.0) -> list[Any]:
+    """The heartbeat events the API holds of one flow run, once it holds one (the server
+    writes events in batches, a few seconds late), or none by the deadline."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all(timeout=30)
+    deadline = time.monotonic() + deadline_seconds
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_events(
+                EventFilter(  # made anew: its time window ends when it is made
+                    event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                    resource=EventResourceFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
+                ),
+                limit=50,  # the client's default, 100, is more than its own server takes
+            )
+            if page.events or time.monotonic() > deadline:
+                return list(page.events)
+            time.sleep(1.0)
+
+
+def test_a_flow_run_sends_heartbeats_and_ends_without_waiting_for_them(
+    harness: str, tmp_path: Path
+) -> None:
+    """A flow run still sends its heartbeat (a server's automation notices a crashed run by
+    them), and Prefect's engine, as flows.pipeline leaves it, no longer holds the end of every
+    flow run until its heartbeat thread wakes (up to a second)."""
+    from prefect import flow_engine
+
+    from flows.pipeline import ingest_flow
+    from flows.prefect_runtime import heartbeats_without_join
+    from preprocessing.sources.synth import write_sdss_exports
+
+    write_sdss_exports(tmp_path / "exports", rows=200, files=2, fmt="csv", seed=3)
+    state = ingest_flow(
+        dataset="sdss",
+        home=str(tmp_path / "home"),
+        source=str(tmp_path / "exports"),
+        return_state=True,
+    )
+    assert state.is_completed(), state.message
+    assert heartbeats_without_join()  # already so: this Prefect's engine takes the change
+    assert getattr(flow_engine._send_heartbeats, "__shardflow_unjoined__", False)
+    assert len(heartbeats_of(state.state_details.flow_run_id)) >= 1
+
+
 def test_a_failed_task_is_named_with_its_error(harness: str, tmp_path: Path) -> None:
     """The third of four exports is damaged: the flow run fails naming the file; so do its
     pass's task run and the pass's table, which names the task."""
