@@ -33,18 +33,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
-
 from data_catalog import Catalog, Manifest, model_name
 from data_catalog.errors import ShardflowError
 from data_catalog.layout import ProcessedLayout
 from flows import stages
 from flows.logs import route_library_logs
-from flows.passes import PassRuns, StageWatch
-from flows.prefect_runtime import freeze_imports, heartbeats_without_join
+from flows.prefect_runtime import freeze_imports, heartbeats_without_join, long_lived_imports
 from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
 from flows.settings import Settings
 from flows.stages import OnEpoch
@@ -53,6 +47,15 @@ from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import Dataset, IngestRequest, SkyServerOptions
 from preprocessing.driver import PassProgress
 from training.config import LaunchConfig, TrainConfig
+
+# Last, and apart: what imports Prefect (flows.prefect_runtime says why).
+with long_lived_imports():
+    from prefect import flow, get_run_logger, task
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.cache_policies import NO_CACHE
+    from prefect.runtime import flow_run
+
+    from flows.passes import PassRuns, StageWatch
 
 # Every flow run of this process ends when its function returns, not up to a second later
 # (flows.prefect_runtime): set before any flow runs, as a deployment's worker only imports this
