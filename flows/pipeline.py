@@ -38,7 +38,12 @@ from data_catalog.errors import ShardflowError
 from data_catalog.layout import ProcessedLayout
 from flows import stages
 from flows.logs import route_library_logs
-from flows.prefect_runtime import freeze_imports, heartbeats_without_join, long_lived_imports
+from flows.prefect_runtime import (
+    freeze_imports,
+    heartbeats_without_join,
+    long_lived_imports,
+    parameters_as_json,
+)
 from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
 from flows.settings import Settings
 from flows.stages import OnEpoch
@@ -123,6 +128,7 @@ def _key(*parts: str) -> str:
 # --- ingest --------------------------------------------------------------------------------
 
 
+@parameters_as_json
 @flow(name="shardflow-ingest")
 def ingest_flow(
     dataset: str,
@@ -223,6 +229,7 @@ def _preprocess_bar(state: PassProgress) -> float:
     return start + (end - start) * state.fraction
 
 
+@parameters_as_json
 @flow(name="shardflow-preprocess")
 def preprocess_flow(
     dataset: str,
@@ -313,6 +320,7 @@ def train_task(
     )
 
 
+@parameters_as_json
 @flow(name="shardflow-train")
 def train_flow(
     dataset: str,
@@ -459,6 +467,7 @@ def _train_artifacts(result: TrainResult) -> None:
 # --- catalog -------------------------------------------------------------------------------
 
 
+@parameters_as_json
 @flow(name="shardflow-catalog-verify")
 def catalog_verify_flow(home: str | None = None) -> dict[str, Any]:
     """Recompute every file digest of the catalog; fails naming each damaged file."""
@@ -480,6 +489,7 @@ def catalog_verify_flow(home: str | None = None) -> dict[str, Any]:
 # --- pipeline ------------------------------------------------------------------------------
 
 
+@parameters_as_json
 @flow(name="shardflow-pipeline")
 def pipeline(
     dataset: str,

@@ -4,6 +4,8 @@
                              collections, its objects then frozen (~0.1 s of its ~1 s)
                              heartbeats_without_join(): a flow run's end waits no longer for
                              its heartbeat thread (up to 1 s per flow run)
+    each @flow            ─► parameters_as_json(): its parameters sent to the API as JSON
+                             without importing FastAPI (~0.1 CPU-s per process)
     each flow run's start ─► freeze_imports(): once per process, the objects made so far
                              (Prefect's ~150,000 models, settings, modules) leave the garbage
                              collector's care (~0.25 s at the process's exit)
@@ -19,9 +21,14 @@ import gc
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from prefect import Flow
 
 _UNJOINED = "__shardflow_unjoined__"
+
+AnyFlow = TypeVar("AnyFlow", bound="Flow[Any, Any]")
 
 
 @contextmanager
@@ -92,3 +99,34 @@ def freeze_imports() -> None:
     bounded cost paid once.
     """
     gc.freeze()
+
+
+def parameters_as_json(flow: AnyFlow) -> AnyFlow:
+    """``flow``, its parameters turned into JSON for the API by pydantic-core
+    (``to_jsonable_python``) instead of FastAPI's ``jsonable_encoder``.
+
+    Prefect 3.8.8 serialises a flow run's parameters (``Flow.serialize_parameters``, when it
+    creates the run) with ``from fastapi.encoders import jsonable_encoder``: the first flow run
+    of a process imports all of FastAPI (its applications, routing and OpenAPI models), ~0.1
+    CPU-s, for nothing else. Our flows' parameters are strings, numbers, None and the frozen
+    config dataclasses (``ClusterConfig``, ``JobOptions``, ``TrainConfig``, ...), which both
+    encoders turn into the same JSON (tests/flows/test_flows.py). A value pydantic-core cannot
+    encode, a future or a state, goes to Prefect's own method as before.
+    """
+    from prefect.client.schemas.objects import State
+    from prefect.futures import PrefectFuture
+    from pydantic_core import to_jsonable_python
+
+    prefects = flow.serialize_parameters
+
+    def serialize(parameters: dict[str, Any]) -> dict[str, Any]:
+        if any(isinstance(value, (PrefectFuture, State)) for value in parameters.values()):
+            return prefects(parameters)
+        try:
+            return {key: to_jsonable_python(value) for key, value in parameters.items()}
+        except (TypeError, ValueError):  # PydanticSerializationError is a ValueError
+            return prefects(parameters)
+
+    # An attribute of this flow object only: any other flow keeps Prefect's method.
+    setattr(flow, "serialize_parameters", serialize)  # noqa: B010  (mypy refuses a method assigned)
+    return flow
