@@ -33,17 +33,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
-
 from data_catalog import Catalog, Manifest, model_name
 from data_catalog.errors import ShardflowError
 from data_catalog.layout import ProcessedLayout
 from flows import stages
 from flows.logs import route_library_logs
-from flows.passes import PassRuns, StageWatch
+from flows.prefect_runtime import (
+    freeze_imports,
+    heartbeats_without_join,
+    long_lived_imports,
+    parameters_as_json,
+)
 from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
 from flows.settings import Settings
 from flows.stages import OnEpoch
@@ -52,6 +52,20 @@ from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import Dataset, IngestRequest, SkyServerOptions
 from preprocessing.driver import PassProgress
 from training.config import LaunchConfig, TrainConfig
+
+# Last, and apart: what imports Prefect (flows.prefect_runtime says why).
+with long_lived_imports():
+    from prefect import flow, get_run_logger, task
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.cache_policies import NO_CACHE
+    from prefect.runtime import flow_run
+
+    from flows.passes import PassRuns, StageWatch
+
+# Every flow run of this process ends when its function returns, not up to a second later
+# (flows.prefect_runtime): set before any flow runs, as a deployment's worker only imports this
+# module and calls the flow.
+heartbeats_without_join()
 
 # Set by the CLI's --debug: keep the tracebacks of user errors in the flow logs.
 DEBUG_ENV = "SHARDFLOW_DEBUG"
@@ -73,6 +87,7 @@ def _flow_run_edge(dataset: str, home: str | None) -> tuple[Settings, Dataset]:
     environment."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
+    freeze_imports()
     if not os.environ.get(DEBUG_ENV):
         for handler in logging.getLogger().handlers:
             if isinstance(handler, PrefectConsoleHandler) and not any(
@@ -113,6 +128,7 @@ def _key(*parts: str) -> str:
 # --- ingest --------------------------------------------------------------------------------
 
 
+@parameters_as_json
 @flow(name="shardflow-ingest")
 def ingest_flow(
     dataset: str,
@@ -214,6 +230,7 @@ def _preprocess_bar(state: PassProgress) -> float:
     return start + (end - start) * state.fraction
 
 
+@parameters_as_json
 @flow(name="shardflow-preprocess")
 def preprocess_flow(
     dataset: str,
@@ -304,6 +321,7 @@ def train_task(
     )
 
 
+@parameters_as_json
 @flow(name="shardflow-train")
 def train_flow(
     dataset: str,
@@ -450,6 +468,7 @@ def _train_artifacts(result: TrainResult) -> None:
 # --- catalog -------------------------------------------------------------------------------
 
 
+@parameters_as_json
 @flow(name="shardflow-catalog-verify")
 def catalog_verify_flow(home: str | None = None) -> dict[str, Any]:
     """Recompute every file digest of the catalog; fails naming each damaged file."""
@@ -471,6 +490,7 @@ def catalog_verify_flow(home: str | None = None) -> dict[str, Any]:
 # --- pipeline ------------------------------------------------------------------------------
 
 
+@parameters_as_json
 @flow(name="shardflow-pipeline")
 def pipeline(
     dataset: str,

@@ -18,7 +18,7 @@ from flows.stages import with_default_model
 from preprocessing.config import ClusterConfig, JobOptions
 from preprocessing.datasets import DATASETS
 from preprocessing.plan import PlanConfig
-from training.config import TrainConfig
+from training.config import LaunchConfig, TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +183,85 @@ def test_what_a_run_records_does_not_grow_with_its_tasks(harness: str, tmp_path:
     assert float(by_key["sdss-ingest-progress"].data) == 100.0  # type: ignore[arg-type]
     # A few lines of progress, not one per task.
     assert len(run["logs"]) < 20, [log.message for log in run["logs"]]
+
+
+def heartbeats_of(flow_run_id: Any, deadline_seconds: float = 120.0) -> list[Any]:
+    """The heartbeat events the API holds of one flow run, once it holds one (the server
+    writes events in batches, a few seconds late), or none by the deadline."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all(timeout=30)
+    deadline = time.monotonic() + deadline_seconds
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_events(
+                EventFilter(  # made anew: its time window ends when it is made
+                    event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                    resource=EventResourceFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
+                ),
+                limit=50,  # the client's default, 100, is more than its own server takes
+            )
+            if page.events or time.monotonic() > deadline:
+                return list(page.events)
+            time.sleep(1.0)
+
+
+def test_a_flow_run_is_recorded_as_prefect_records_it(harness: str, tmp_path: Path) -> None:
+    """What flows.prefect_runtime changes leaves a run's record as it was: the flow run still
+    sends its heartbeat (a server's automation notices a crashed run by them) though the
+    engine no longer holds its end until the heartbeat thread wakes (up to a second), and its
+    parameters are recorded as Prefect's own encoder writes them."""
+    from fastapi.encoders import jsonable_encoder
+    from prefect import flow_engine
+    from prefect.client.orchestration import get_client
+
+    from flows.pipeline import ingest_flow
+    from flows.prefect_runtime import heartbeats_without_join
+    from preprocessing.sources.synth import write_sdss_exports
+
+    write_sdss_exports(tmp_path / "exports", rows=200, files=2, fmt="csv", seed=3)
+    parameters = {
+        "dataset": "sdss",
+        "home": str(tmp_path / "home"),
+        "source": str(tmp_path / "exports"),
+        "cluster": ClusterConfig(workers=1, memory_limit="1GiB"),
+    }
+    state = ingest_flow(**parameters, return_state=True)  # type: ignore[arg-type]
+    assert state.is_completed(), state.message
+    assert heartbeats_without_join()  # already so: this Prefect's engine takes the change
+    assert getattr(flow_engine._send_heartbeats, "__shardflow_unjoined__", False)
+    flow_run_id = state.state_details.flow_run_id
+    assert len(heartbeats_of(flow_run_id)) >= 1
+    with get_client(sync_client=True) as client:
+        recorded_parameters = client.read_flow_run(flow_run_id).parameters
+    assert recorded_parameters["cluster"]["memory_limit"] == "1GiB"
+    assert recorded_parameters == {**jsonable_encoder(parameters), "skyserver": None}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "sdss",
+        ClusterConfig(),
+        ClusterConfig(workers=2, scheduler="tcp://dask-scheduler:8786"),
+        JobOptions(),
+        JobOptions(plan=PlanConfig(rank_multiple=8, target_rows_per_group=300)),
+        TrainConfig(epochs=2),
+        LaunchConfig(),
+    ],
+)
+def test_flow_parameters_are_the_json_prefects_encoder_makes(value: Any) -> None:
+    """The flows encode their parameters without FastAPI, into the same JSON."""
+    from fastapi.encoders import jsonable_encoder
+
+    from flows.pipeline import pipeline
+
+    assert pipeline.serialize_parameters({"x": value}) == {"x": jsonable_encoder(value)}
 
 
 def test_a_failed_task_is_named_with_its_error(harness: str, tmp_path: Path) -> None:
