@@ -78,9 +78,13 @@ def test_ctrl_c_of_the_caller_ends_every_process_of_the_run(tmp_path: Path) -> N
     marker = f"{os.getpid() % 1000 + 7000}.25"
     caller = textwrap.dedent(
         f"""
-        import os, subprocess, sys
+        import os, signal, subprocess, sys
         from pathlib import Path
         from lab.private_run import metered
+        # As a terminal's foreground command: a pytest started in the background of a script
+        # (bash `&`) hands its children SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt for it (the test failed so, in a full run started that way).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         script = ("import subprocess, time; "
                   "subprocess.Popen(['sleep', '{marker}'], start_new_session=True); "
                   "time.sleep(600)")
