@@ -349,6 +349,14 @@ def scan_piece(
 
 
 KEY_COLUMNS = ("hash", "objid", "specobjid", "row")
+# The columns the duplicates tasks compare, with the piece of each key, and their types.
+KEY_KINDS: dict[str, type] = {
+    "piece": np.int64,
+    "hash": np.uint64,
+    "objid": np.uint64,
+    "specobjid": np.uint64,
+    "row": np.int64,
+}
 
 
 def _mapped_keys(path: str, columns: tuple[str, ...] = KEY_COLUMNS) -> dict[str, npt.NDArray[Any]]:
@@ -433,27 +441,26 @@ def find_duplicates(
         for path in matches:
             columns = _mapped_keys(path, ("piece", *KEY_COLUMNS))
             files.append((columns, _bucket_starts(columns["hash"], span, num_buckets)))
-        drops = known.read(work) if known is not None else None
-        drop_starts = None
-        if drops is not None:
-            drop_starts = _bucket_starts(drops["hash"], span, num_buckets)
+        drops = None
+        if known is not None:
+            columns = known.read(work)
+            drops = (columns, _bucket_starts(columns["hash"], span, num_buckets))
         for bucket in left:
             at = bucket - left[0]
-            parts = [
-                {name: column[starts[at] : starts[at + 1]] for name, column in columns.items()}
-                for columns, starts in files
-            ]
-            earlier = None
-            if drops is not None and drop_starts is not None:
-                earlier = {
-                    name: column[drop_starts[at] : drop_starts[at + 1]]
-                    for name, column in drops.items()
-                }
+            parts = [_sliced(columns, starts, at) for columns, starts in files]
+            earlier = _sliced(*drops, at) if drops is not None else None
             results[bucket] = bucket_duplicates(bucket, parts, work, earlier)
     return {
         "buckets": [results[bucket] for bucket in todo],
         "reused": not left,
     }
+
+
+def _sliced(
+    columns: dict[str, npt.NDArray[Any]], starts: npt.NDArray[np.int64], at: int
+) -> dict[str, npt.NDArray[Any]]:
+    """The rows of bucket ``at`` (of :func:`_bucket_starts`) of every column."""
+    return {name: column[starts[at] : starts[at + 1]] for name, column in columns.items()}
 
 
 def _concatenated(
@@ -479,16 +486,7 @@ def bucket_duplicates(
     :func:`duplicates_path`, by (piece, row). A piece holds a key once (the scan quarantined
     its repeats), so which row is first never depends on the order of the tasks."""
     out = duplicates_path(work, bucket)
-    objid, specobjid, row, piece, hashes = _concatenated(
-        parts,
-        {
-            "objid": np.uint64,
-            "specobjid": np.uint64,
-            "row": np.int64,
-            "piece": np.int64,
-            "hash": np.uint64,
-        },
-    )
+    piece, hashes, objid, specobjid, row = _concatenated(parts, KEY_KINDS)
     keys_in_bucket = len(objid)
     # Only rows whose objid occurs more than once can repeat a key: one sort of one column
     # finds them (a four-column lexsort of every key cost 10 % of the whole preprocess).
@@ -559,7 +557,7 @@ def match_old_keys(
     # uint64 index costs numpy a conversion of every element; 0.27 s of 0.6 at 20 GB).
     high[(wanted >> shift).view(np.intp)] = True
     low[(wanted & mask).view(np.intp)] = True
-    found: dict[str, list[npt.NDArray[Any]]] = {name: [] for name in ("piece", *KEY_COLUMNS)}
+    found: list[dict[str, npt.NDArray[Any]]] = []
     keys = 0
     for number, path in old:
         hashes = _mapped_keys(local_copy(path, work), ("hash",))["hash"]
@@ -573,20 +571,11 @@ def match_old_keys(
         if not len(maybe):
             continue
         columns = _mapped_keys(local_copy(path, work))
-        for name in KEY_COLUMNS:
-            found[name].append(columns[name][maybe])
-        found["piece"].append(np.full(len(maybe), number, dtype=np.int64))
-    kinds = {
-        "piece": np.int64,
-        "hash": np.uint64,
-        "objid": np.uint64,
-        "specobjid": np.uint64,
-        "row": np.int64,
-    }
-    matched = {
-        name: np.concatenate(arrays) if arrays else np.zeros(0, dtype=kinds[name])
-        for name, arrays in found.items()
-    }
+        found.append(
+            {"piece": np.full(len(maybe), number, dtype=np.int64)}
+            | {name: columns[name][maybe] for name in KEY_COLUMNS}
+        )
+    matched = dict(zip(KEY_KINDS, _concatenated(found, KEY_KINDS), strict=True))
     order = np.argsort(matched["hash"], kind="stable")
     _write_ipc(pa.table({name: column[order] for name, column in matched.items()}), out)
     result: Result = {"group": group, "keys": keys, "matches": len(order)}
@@ -904,7 +893,8 @@ class SdssJob:
         matches = tuple(str(matches_path(str(work), int(r["group"]))) for r in done["matches"])
         old = self._old_pieces()
         known = None
-        if old is not None and self.earlier is not None and self.earlier.duplicates:
+        if old is not None:
+            assert self.earlier is not None and self.earlier.duplicates is not None
             known = KnownDuplicates(self.earlier.duplicates, {p.key: p.number for p in old})
             scans = [r for r in scans if not r.get("earlier")]
         keys = tuple((int(r["piece"]), self._keys_file(r)) for r in scans)
