@@ -937,10 +937,11 @@ class Staging:
         self._run: dict[str, Any] = {}
         self._reused: dict[str, FileEntry] = {}
         self.reused_from: dict[str, str] = {}
-        # Reused files that are links to their objects: committed, durable, nothing to store.
-        self.linked_objects: set[str] = set()
         """On a URL root, each reused file's parent bytes (relative to the root): copied to
         its object at the commit if that object is missing (a parent of manifest format 1)."""
+        self.linked_objects: set[str] = set()
+        """On a local root, the reused files that are links to their objects: committed and
+        durable, nothing to fsync or store again at the commit."""
 
     def note_run(self, **facts: Any) -> None:
         """Facts about the run that made this version (wall seconds, bytes read, tasks), kept

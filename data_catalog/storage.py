@@ -34,7 +34,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from data_catalog.durability import failpoint, fsync_dir, make_dirs
 from data_catalog.errors import CatalogError
@@ -221,7 +221,9 @@ class LocalStorage:
                 continue  # another writer stored the same bytes first: use theirs
         raise CatalogError(f"cannot store {path} as object {target}")
 
-    def link_object(self, sha: str, source: Callable[[], Path], dest: Path) -> str | None:
+    def link_object(
+        self, sha: str, source: Callable[[], Path], dest: Path
+    ) -> Literal["object", "source"] | None:
         """Put the object ``sha`` (or else the file at ``source()``, which holds the same
         bytes) at ``dest`` as a hard link: no copy. Which it linked: "object" (``dest`` is the
         object, nothing to store) or "source"; None when neither exists."""
