@@ -8,10 +8,11 @@ The default index, a SQLite file (``sqlite:///<home>/index.sqlite``), is served 
 standard library's ``sqlite3``; other URLs (``SHARDFLOW_CATALOG_URL=postgresql://...``, or a SQLite
 URL with a driver or options) go through SQLAlchemy in :mod:`data_catalog.index_sqlalchemy`,
 imported only then. Why hand-written SQL where SQLAlchemy exists: every process that imports the
-catalog (each command, Dask worker and rank) paid for importing SQLAlchemy, 0.22 of the 0.37
-CPU-seconds of ``import data_catalog.catalog`` (docs/STACK.md, "The catalog index without
-SQLAlchemy"). The two backends keep the same tables, busy timeout, connection per call and
-transaction boundaries; tests/data_catalog/test_sqlite_index.py compares them.
+catalog (each command, Dask worker and rank) paid for importing SQLAlchemy: without it,
+``import data_catalog.catalog`` takes 0.20 CPU-seconds instead of 0.36 (docs/STACK.md, "The
+catalog index without SQLAlchemy"). The two backends keep the same tables, busy timeout,
+connection per call and transaction boundaries; tests/data_catalog/test_sqlite_index.py compares
+them.
 """
 
 from __future__ import annotations

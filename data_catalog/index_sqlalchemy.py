@@ -2,7 +2,7 @@
 
 Imported only for index URLs that :mod:`data_catalog.index` does not serve with the standard
 library's ``sqlite3`` (PostgreSQL, MySQL, a SQLite URL with options): importing SQLAlchemy costs
-every process about 0.2 CPU-seconds, which the default SQLite index does not pay.
+every process about 0.16 CPU-seconds, which the default SQLite index does not pay.
 """
 
 from __future__ import annotations
