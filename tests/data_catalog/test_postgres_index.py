@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from data_catalog import Catalog, Manifest
-from data_catalog.index import versions_table
+from data_catalog.index_sqlalchemy import versions_table
 from tests.postgres_server import postgres_server
 
 
