@@ -163,11 +163,12 @@ def _prefect_ui(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any],
             f"versions, {db['log']} log lines, {db['bytes'] / 1e6:.2f} MB of database"
         )
         for page, load in run["pages"].items():
-            usable = load["usable_seconds"]
+            each = ", ".join(
+                f"{s:.2f}" if s is not None else "never" for s in load["usable_seconds_each"]
+            )
             lines.append(
-                f"  {page}: usable after "
-                + (f"{usable:.2f} s" if usable is not None else "never (120 s)")
-                + f", longest freeze {load['longest_task_ms']:.0f} ms, "
+                f"  {page}: usable after {each} s (of 120 s at most); the fastest load's "
+                f"longest freeze {load['longest_task_ms']:.0f} ms, "
                 f"{load['received_bytes'] / 1e6:.1f} MB downloaded, JS heap "
                 f"{load['js_heap_bytes'] / 1e6:.0f} MB, browser "
                 f"{load['browser_pss_bytes'] / 1e6:.0f} MB (PSS)"

@@ -7,9 +7,9 @@ what each run left in the server's database (task runs, events, artifact version
 headless Chromium (lab.bench.browser), a fresh browser per page:
   V1 /runs/flow-run/<id>, V2 /v2/runs/flow-run/<id>, and each UI's page of the run's
   table of its largest pass
-per page: seconds until it shows the run's name, its state and its last pass's closing
-log line; the longest freeze of its main thread; bytes downloaded; the browser's memory;
-a screenshot
+per page, loaded PAGE_ROUNDS times (a fresh browser each): seconds until it shows the run's
+name, its state and its first log line (the table page: its key and its slowest task); the
+longest freeze of its main thread; bytes downloaded; the browser's memory; a screenshot
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from lab.bench.browser import as_json, load_page
 from lab.bench.prefect import INGEST_FLOW, PrefectServer, prefect_server
 
 Progress = Callable[[str], None]
+PAGE_ROUNDS = 3
 PREPROCESS_FLOW = (
     "import sys; from flows.pipeline import preprocess_flow; "
     "preprocess_flow('sdss', home=sys.argv[1])"
@@ -62,13 +63,16 @@ def _watch(
     server: PrefectServer,
     run: dict[str, Any],
     last_pass: str,
-    tasks: int,
     screenshots: Path,
     label: str,
 ) -> dict[str, Any]:
-    """Each UI's flow-run page of ``run`` and its page of the ``last_pass`` table."""
+    """Each UI's flow-run page of ``run`` and its page of the ``last_pass`` table.
+
+    A flow-run page is usable once it shows the run's name, its state and its first log line:
+    the V2 UI draws only the log lines in view, so a pass's closing line further down is not on
+    the page until one scrolls (its 26 lines of a 20,000-file preprocess run)."""
     base = server.url.removesuffix("/api")
-    closing = f"{last_pass}: {tasks}/{tasks} tasks"
+    opening = f"Beginning flow run '{run['name']}'"
     artifacts = _api(
         server,
         "/artifacts/filter",
@@ -76,10 +80,10 @@ def _watch(
     )
     (table,) = [a for a in artifacts if a["key"].endswith(f"-{last_pass}")]
     pages = {
-        "v1_flow_run": (f"{base}/runs/flow-run/{run['id']}", [run["name"], "Completed", closing]),
+        "v1_flow_run": (f"{base}/runs/flow-run/{run['id']}", [run["name"], "Completed", opening]),
         "v2_flow_run": (
             f"{base}/v2/runs/flow-run/{run['id']}",
-            [run["name"], "Completed", closing],
+            [run["name"], "Completed", opening],
         ),
         "v1_pass_table": (f"{base}/artifacts/artifact/{table['id']}", [table["key"], "slowest"]),
         "v2_pass_table": (
@@ -88,9 +92,22 @@ def _watch(
         ),
     }
     return {
-        name: as_json(load_page(url, expect, screenshot=screenshots / f"{label}-{name}.png"))
+        name: _rounds(url, expect, screenshots / f"{label}-{name}.png")
         for name, (url, expect) in pages.items()
     }
+
+
+def _rounds(url: str, expect: list[str], screenshot: Path) -> dict[str, Any]:
+    """The page loaded PAGE_ROUNDS times, in turn with nothing else of the bench running: the
+    figures of the fastest load, each load's seconds to usable (None: not within 120 s), the
+    screenshot of the last."""
+    loads = [
+        load_page(url, expect, screenshot=screenshot if n == PAGE_ROUNDS - 1 else None)
+        for n in range(PAGE_ROUNDS)
+    ]
+    usable = [load.usable_seconds for load in loads]
+    best = min(loads, key=lambda load: load.usable_seconds or float("inf"))
+    return {**as_json(best), "screenshot": str(screenshot), "usable_seconds_each": usable}
 
 
 def bench_prefect_ui(
@@ -131,7 +148,7 @@ def bench_prefect_ui(
                     "seconds": seconds,
                     "dask_tasks": tasks,
                     "database": {k: v - before.get(k, 0) for k, v in after.items()},
-                    "pages": _watch(server, run, last_pass, tasks[last_pass], screenshots, label),
+                    "pages": _watch(server, run, last_pass, screenshots, label),
                 }
                 before = after
             results["database_after"] = server.rows()
