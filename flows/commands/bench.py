@@ -167,7 +167,13 @@ def _prefect_ui(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any],
                 f"{s:.2f}" if s is not None else "never" for s in load["usable_seconds_each"]
             )
             lines.append(
-                f"  {page}: usable after {each} s (of 120 s at most); the fastest load's "
+                f"  {page}: usable after {each} s (of 120 s at most)"
+                + (
+                    f", {load['usable_vs_small']:.2f}x the small run's"
+                    if "usable_vs_small" in load
+                    else ""
+                )
+                + "; the fastest load's "
                 f"longest freeze {load['longest_task_ms']:.0f} ms, "
                 f"{load['received_bytes'] / 1e6:.1f} MB downloaded, JS heap "
                 f"{load['js_heap_bytes'] / 1e6:.0f} MB, browser "

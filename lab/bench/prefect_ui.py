@@ -2,14 +2,15 @@
 
 a Prefect server (API and both UIs, SQLite; lab.bench.prefect.prefect_server)
   ├─ flows.pipeline.ingest_flow of --files synthetic SDSS exports: a Dask task per file
-  └─ with --preprocess, then flows.pipeline.preprocess_flow of that raw version
+  ├─ with --preprocess, then flows.pipeline.preprocess_flow of that raw version
+  └─ the same of SMALL_FILES exports (the "-small" runs): the pages at no size
 what each run left in the server's database (task runs, events, artifact versions, logs)
-headless Chromium (lab.bench.browser), a fresh browser per page:
+headless Chromium (lab.bench.browser), a fresh browser per load:
   V1 /runs/flow-run/<id>, V2 /v2/runs/flow-run/<id>, and each UI's page of the run's
-  table of its largest pass
-per page, loaded PAGE_ROUNDS times (a fresh browser each): seconds until it shows the run's
-name, its state and its first log line (the table page: its key and its slowest task); the
-longest freeze of its main thread; bytes downloaded; the browser's memory; a screenshot
+  table of its largest pass, every page of every run in each of PAGE_ROUNDS rounds
+per page: seconds until it shows the run's name, its state and its first log line (the table
+page: its key and its slowest task), and ÷ the small run's; the longest freeze of its main
+thread; bytes downloaded; the browser's memory; a screenshot
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from lab.bench.prefect import INGEST_FLOW, PrefectServer, prefect_server
 
 Progress = Callable[[str], None]
 PAGE_ROUNDS = 3
+# The same flows of this many exports, beside the large run: what its pages cost at no size.
+SMALL = "small"
+SMALL_FILES = 20
 PREPROCESS_FLOW = (
     "import sys; from flows.pipeline import preprocess_flow; "
     "preprocess_flow('sdss', home=sys.argv[1])"
@@ -59,14 +63,9 @@ def _latest_flow_run(server: PrefectServer) -> dict[str, Any]:
     return dict(run)
 
 
-def _watch(
-    server: PrefectServer,
-    run: dict[str, Any],
-    last_pass: str,
-    screenshots: Path,
-    label: str,
-) -> dict[str, Any]:
-    """Each UI's flow-run page of ``run`` and its page of the ``last_pass`` table.
+def _pages(server: PrefectServer, run: dict[str, Any], last_pass: str) -> dict[str, Any]:
+    """Each UI's flow-run page of ``run`` and its page of the ``last_pass`` table: the URL and
+    what the page shows once usable.
 
     A flow-run page is usable once it shows the run's name, its state and its first log line:
     the V2 UI draws only the log lines in view, so a pass's closing line further down is not on
@@ -79,7 +78,7 @@ def _watch(
         {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}},
     )
     (table,) = [a for a in artifacts if a["key"].endswith(f"-{last_pass}")]
-    pages = {
+    return {
         "v1_flow_run": (f"{base}/runs/flow-run/{run['id']}", [run["name"], "Completed", opening]),
         "v2_flow_run": (
             f"{base}/v2/runs/flow-run/{run['id']}",
@@ -91,23 +90,36 @@ def _watch(
             [table["key"], "slowest"],
         ),
     }
-    return {
-        name: _rounds(url, expect, screenshots / f"{label}-{name}.png")
-        for name, (url, expect) in pages.items()
-    }
 
 
-def _rounds(url: str, expect: list[str], screenshot: Path) -> dict[str, Any]:
-    """The page loaded PAGE_ROUNDS times, in turn with nothing else of the bench running: the
-    figures of the fastest load, each load's seconds to usable (None: not within 120 s), the
-    screenshot of the last."""
-    loads = [
-        load_page(url, expect, screenshot=screenshot if n == PAGE_ROUNDS - 1 else None)
-        for n in range(PAGE_ROUNDS)
-    ]
-    usable = [load.usable_seconds for load in loads]
-    best = min(loads, key=lambda load: load.usable_seconds or float("inf"))
-    return {**as_json(best), "screenshot": str(screenshot), "usable_seconds_each": usable}
+def _watch(pages: dict[str, dict[str, Any]], screenshots: Path) -> dict[str, dict[str, Any]]:
+    """Every page of every run, loaded in PAGE_ROUNDS alternated rounds (a fresh browser each
+    load, nothing else of the bench running): per run and page, the figures of the fastest
+    load, each load's seconds to usable (None: not within 120 s), a screenshot of the last;
+    a large run's page also its fastest load ÷ the small run's (``usable_vs_small``)."""
+    loads: dict[str, dict[str, list[Any]]] = {run: {} for run in pages}
+    for n in range(PAGE_ROUNDS):
+        for run, run_pages in pages.items():
+            for page, (url, expect) in run_pages.items():
+                shot = screenshots / f"{run}-{page}.png" if n == PAGE_ROUNDS - 1 else None
+                loads[run].setdefault(page, []).append(load_page(url, expect, screenshot=shot))
+    watched: dict[str, dict[str, Any]] = {}
+    for run, run_loads in loads.items():
+        watched[run] = {}
+        for page, each in run_loads.items():
+            best = min(each, key=lambda load: load.usable_seconds or float("inf"))
+            watched[run][page] = {
+                **as_json(best),
+                "screenshot": str(screenshots / f"{run}-{page}.png"),
+                "usable_seconds_each": [load.usable_seconds for load in each],
+            }
+    for run, run_pages in watched.items():
+        small = watched.get(f"{run}-{SMALL}", {})
+        for page, figures in run_pages.items():
+            base = small.get(page, {}).get("usable_seconds")
+            if base and figures["usable_seconds"]:
+                figures["usable_vs_small"] = figures["usable_seconds"] / base
+    return watched
 
 
 def bench_prefect_ui(
@@ -118,39 +130,55 @@ def bench_prefect_ui(
     screenshots: Path,
     progress: Progress = lambda _msg: None,
 ) -> dict[str, Any]:
+    """The ingest (and preprocess) flows of ``files`` exports and of SMALL_FILES of them, on one
+    server; then their pages, watched side by side."""
     from preprocessing.sources.synth import write_sdss_exports
 
     screenshots.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"files": files, "rows": rows, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-prefect-ui-") as tmp:
         scratch = Path(tmp)
-        paths = write_sdss_exports(scratch / "exports", rows=rows, files=files, fmt="csv", seed=0)
-        progress(f"bench prefect-ui: {rows:,} rows in {len(paths):,} CSV exports")
+        per_file = max(1, rows // files)
+        sizes = {"": (files, rows), f"-{SMALL}": (SMALL_FILES, SMALL_FILES * per_file)}
+        sources = {
+            suffix: write_sdss_exports(
+                scratch / f"exports{suffix}", rows=total, files=count, fmt="csv", seed=0
+            )[0].parent
+            for suffix, (count, total) in sizes.items()
+        }
+        progress(f"bench prefect-ui: {rows:,} rows in {files:,} CSV exports, and {SMALL_FILES}")
         with prefect_server(scratch, progress) as server:
-            env = {
-                **os.environ,
-                "SHARDFLOW_HOME": str(scratch / "home"),
-                "PREFECT_API_URL": server.url,
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            }
-            flows = [("ingest", [INGEST_FLOW, str(paths[0].parent)], "convert")]
-            if preprocess:
-                flows.append(("preprocess", [PREPROCESS_FLOW, str(scratch / "home")], "write"))
+            pages = {}
             before = server.rows()
-            for label, (script, *args), last_pass in flows:
-                seconds = _run([sys.executable, "-c", script, *args], env, scratch / f"{label}.log")
-                after = server.settled_rows()
-                run = _latest_flow_run(server)
-                tasks = _pass_tasks(server, run, last_pass)
-                progress(f"bench prefect-ui: {label} flow run {run['name']} in {seconds:.0f} s")
-                results["runs"][label] = {
-                    "flow_run": run["name"],
-                    "seconds": seconds,
-                    "dask_tasks": tasks,
-                    "database": {k: v - before.get(k, 0) for k, v in after.items()},
-                    "pages": _watch(server, run, last_pass, screenshots, label),
+            for suffix, source in sources.items():
+                home = scratch / f"home{suffix}"
+                env = {
+                    **os.environ,
+                    "SHARDFLOW_HOME": str(home),
+                    "PREFECT_API_URL": server.url,
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 }
-                before = after
+                flows = [("ingest", [INGEST_FLOW, str(source)], "convert")]
+                if preprocess:
+                    flows.append(("preprocess", [PREPROCESS_FLOW, str(home)], "write"))
+                for stage, (script, *args), last_pass in flows:
+                    label = stage + suffix
+                    log = scratch / f"{label}.log"
+                    seconds = _run([sys.executable, "-c", script, *args], env, log)
+                    after = server.settled_rows()
+                    run = _latest_flow_run(server)
+                    progress(f"bench prefect-ui: {label} flow run {run['name']} in {seconds:.0f} s")
+                    results["runs"][label] = {
+                        "flow_run": run["name"],
+                        "seconds": seconds,
+                        "dask_tasks": _pass_tasks(server, run, last_pass),
+                        "database": {k: v - before.get(k, 0) for k, v in after.items()},
+                    }
+                    pages[label] = _pages(server, run, last_pass)
+                    before = after
+            progress(f"bench prefect-ui: {PAGE_ROUNDS} rounds of {len(pages) * 4} pages")
+            for label, watched in _watch(pages, screenshots).items():
+                results["runs"][label]["pages"] = watched
             results["database_after"] = server.rows()
     results["load_average"] = os.getloadavg()
     return results
