@@ -84,7 +84,9 @@ def preprocess(out: Path, files: list[str]) -> dict[str, object]:
     (half its CPU): DuckDB spills to ``out/.spill`` past its memory limit (its default, 80 % of
     the machine's or the memory cgroup's), rows are written in no particular order, and
     duplicates are looked for only among the rows of keys seen more than once (an aggregate
-    over the keys), not by windows over every row (which ran out of 14 GiB at 51 M rows)."""
+    over the keys), not by windows over every row (which ran out of 14 GiB at 51 M rows). At
+    51 M rows it used 11.9 GiB, within its default limit in a 14 GiB cgroup, and spilled
+    nothing; with a limit of 4 GB it ran out of memory (docs/scale.md)."""
     db = duckdb.connect()
     spill = out / ".spill"
     _sql(db, f"SET temp_directory = '{spill}'")
