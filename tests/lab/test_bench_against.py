@@ -92,6 +92,9 @@ def test_peers_compute_what_shardflow_computes(
     for engine in PEERS:
         peer = _peer(engine, "preprocess", tmp_path / f"{engine}-pre", raw_files)
         assert _preprocess_agrees(ours, peer), (engine, peer["quarantine"], reasons)
+        # Nothing left of the spilling or partitioned writes: the four files only.
+        written = sorted(p.name for p in (tmp_path / f"{engine}-pre").iterdir())
+        assert written == [f"{n}.parquet" for n in ("quarantine", "test", "train", "validation")]
         _peer(engine, "ingest", tmp_path / f"{engine}-ingest", exports)
         found = _column_sums(sorted((tmp_path / f"{engine}-ingest").glob("*.parquet")))
         assert len(found) == len(expected), engine
