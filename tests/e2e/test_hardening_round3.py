@@ -15,7 +15,7 @@ import pytest
 
 from data_catalog import Catalog
 from preprocessing.sources import mnist
-from tests.conftest import Result, free_port
+from tests.conftest import Result, copy_home, free_port
 from tests.preprocessing.sources.skyserver_standin import StandIn, serve, synthetic_rows
 
 pytestmark = pytest.mark.e2e
@@ -434,17 +434,22 @@ def test_a_skyserver_too_slow_to_finish_is_named(
         ("ingest", "sdss", "--files", "0"),
     ],
 )
-def test_bench_counts_below_one_are_usage_errors(home: Path, args: tuple[str, ...]) -> None:
-    result = run(home, "bench", *args, timeout=60)
+def test_bench_counts_below_one_are_usage_errors(
+    home: Path, fashion_processed: Path, args: tuple[str, ...]
+) -> None:
+    # A home holding the dataset, so that before the fix each count reached the bench (and
+    # its internal error) instead of stopping at "no dataset" (docs/hardening.md, item 15).
+    result = run(copy_home(fashion_processed, home), "bench", *args, timeout=60)
     assert result.returncode == 1, result.stderr
     (line,) = result.stderr.splitlines()
     assert "expected 1 or more" in line and "internal error" not in line, line
 
 
-def test_train_refuses_a_seed_the_ranks_cannot_use(home: Path) -> None:
-    """Issue #29 item 18: refused before anything is planned or launched."""
+def test_train_refuses_a_seed_the_ranks_cannot_use(home: Path, fashion_processed: Path) -> None:
+    """Issue #29 item 18: refused before anything is planned or launched (in a home holding
+    the dataset: before the fix the ranks started and failed)."""
     one_line_error(
-        run(home, "train", "fashion-mnist", "--seed", "4294967296", timeout=60),
+        run(copy_home(fashion_processed, home), "train", "fashion-mnist", "--seed", "4294967296"),
         "--seed must be at most 4294967295",
     )
 
