@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"
 )
 
-# Sends 3 MB to itself over TCP on 127.0.0.1, leaves a sleeping grandchild behind, burns CPU.
+# Sends 3 MB to itself over TCP on 127.0.0.1, leaves a sleeping grandchild behind, burns CPU
+# (0.5 s), then idles.
 PROGRAM = textwrap.dedent(
     """
     import socket, subprocess, sys, time
@@ -37,6 +38,9 @@ PROGRAM = textwrap.dedent(
     end = time.process_time() + 0.5
     while time.process_time() < end:
         pass
+    # Idle at the end: the meter's scans miss a process's last 0.2 s (Metered.cpu_seconds), and
+    # a scan delayed on a busy host missed more of a burn that ran to the exit (0.38 of 0.5 s).
+    time.sleep(1.0)
     print(got)
     sys.exit(3)
     """
