@@ -63,7 +63,9 @@ def _latest_flow_run(server: PrefectServer) -> dict[str, Any]:
     return dict(run)
 
 
-def _pages(server: PrefectServer, run: dict[str, Any], last_pass: str) -> dict[str, Any]:
+def _pages(
+    server: PrefectServer, run: dict[str, Any], artifacts: list[dict[str, Any]], last_pass: str
+) -> dict[str, Any]:
     """Each UI's flow-run page of ``run`` and its page of the ``last_pass`` table: the URL and
     what the page shows once usable.
 
@@ -72,11 +74,6 @@ def _pages(server: PrefectServer, run: dict[str, Any], last_pass: str) -> dict[s
     the page until one scrolls (its 26 lines of a 20,000-file preprocess run)."""
     base = server.url.removesuffix("/api")
     opening = f"Beginning flow run '{run['name']}'"
-    artifacts = _api(
-        server,
-        "/artifacts/filter",
-        {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}},
-    )
     (table,) = [a for a in artifacts if a["key"].endswith(f"-{last_pass}")]
     return {
         "v1_flow_run": (f"{base}/runs/flow-run/{run['id']}", [run["name"], "Completed", opening]),
@@ -167,14 +164,15 @@ def bench_prefect_ui(
                     seconds = _run([sys.executable, "-c", script, *args], env, log)
                     after = server.settled_rows()
                     run = _latest_flow_run(server)
+                    artifacts = _artifacts(server, run)
                     progress(f"bench prefect-ui: {label} flow run {run['name']} in {seconds:.0f} s")
                     results["runs"][label] = {
                         "flow_run": run["name"],
                         "seconds": seconds,
-                        "dask_tasks": _pass_tasks(server, run, last_pass),
+                        "dask_tasks": _pass_tasks(run, artifacts, last_pass),
                         "database": {k: v - before.get(k, 0) for k, v in after.items()},
                     }
-                    pages[label] = _pages(server, run, last_pass)
+                    pages[label] = _pages(server, run, artifacts, last_pass)
                     before = after
             progress(f"bench prefect-ui: {PAGE_ROUNDS} rounds of {len(pages) * 4} pages")
             for label, watched in _watch(pages, screenshots).items():
@@ -184,11 +182,16 @@ def bench_prefect_ui(
     return results
 
 
-def _pass_tasks(server: PrefectServer, run: dict[str, Any], last_pass: str) -> dict[str, int]:
+def _artifacts(server: PrefectServer, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every artifact of ``run``."""
+    found = _api(server, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}})
+    return list(found)
+
+
+def _pass_tasks(
+    run: dict[str, Any], artifacts: list[dict[str, Any]], last_pass: str
+) -> dict[str, int]:
     """The Dask tasks each pass of ``run`` ran, from its pass tables ("all N tasks")."""
-    artifacts = _api(
-        server, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}}
-    )
     counts: dict[str, int] = {}
     for artifact in artifacts:
         if artifact["type"] != "table":
