@@ -87,7 +87,8 @@ from preprocessing.shard_files import (
 from preprocessing.statistics import normalization_of
 
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 4  # 4: floats byte-stream-split without dictionary, ids delta-packed
+# 4: floats byte-stream-split without dictionary, ids delta-packed; 5: no statistics of floats
+WRITER_VERSION = 5
 DEFAULT_VALIDATION_FRACTION = 0.1
 DEFAULT_TEST_FRACTION = 0.1
 
@@ -164,35 +165,112 @@ REASONS = ("", *(reason for _column, reason in _checks()), DUPLICATE)
 _REASON_CODE = {reason: code for code, reason in enumerate(REASONS)}
 
 
-def quarantine_codes(table: pa.Table) -> npt.NDArray[np.int16]:
-    """Why each row cannot be used, as an index into :data:`REASONS` (0 when it can): the
-    first failed check, in a fixed order; then a repeat of an earlier row's (objid,
-    specobjid) in the same piece (repeats across pieces: :func:`find_duplicates`)."""
+@dataclass(frozen=True, kw_only=True)
+class Scanned:
+    """What the scan learns of a piece's rows, each computed once: the checks' float columns
+    feed the features, the sample hash both the split and the key hash, the one sort by key
+    hash both the repeats within the piece and the keys file."""
+
+    codes: npt.NDArray[np.int16]
+    """Why each row cannot be used: an index into :data:`REASONS` (0 when it can)."""
+    floats: dict[str, npt.NDArray[np.float64]]
+    labels: npt.NDArray[np.int64]
+    """Each row's index into SDSS_CLASSES; -1 for a class outside them."""
+    objid: npt.NDArray[np.uint64]
+    specobjid: npt.NDArray[np.uint64]
+    sample: npt.NDArray[np.uint64]
+    """:func:`splits.sample_hash` of (objid, specobjid): the split's hash."""
+    hashes: npt.NDArray[np.uint64]
+    """:func:`key_hash`: the duplicates passes' buckets."""
+    order: npt.NDArray[np.intp]
+    """The rows by key hash (a stable sort: equal hashes in row order)."""
+
+    def floats_of(self, table: pa.Table, name: str) -> npt.NDArray[np.float64]:
+        if name not in self.floats:
+            self.floats[name] = _float64(table, name)
+        return self.floats[name]
+
+
+def _float64(table: pa.Table, name: str) -> npt.NDArray[np.float64]:
+    # No copy when the column is float64 already (a raw SDSS piece's are); nulls become NaN.
+    values = table.column(name).to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.float64)
+
+
+def _ids(table: pa.Table, name: str) -> npt.NDArray[np.uint64]:
+    return np.asarray(table.column(name).to_numpy(), dtype=np.uint64)
+
+
+def scanned(table: pa.Table) -> Scanned:
+    """:class:`Scanned` of ``table``'s rows. A row's reason is its first failed check, in a
+    fixed order; then a repeat of an earlier row's (objid, specobjid) in the same piece
+    (repeats across pieces: :func:`find_duplicates`)."""
     codes = np.zeros(table.num_rows, dtype=np.int16)
 
     def mark(bad: npt.NDArray[np.bool_], reason: str) -> None:
         codes[bad & (codes == 0)] = _REASON_CODE[reason]
 
+    floats: dict[str, npt.NDArray[np.float64]] = {}
     for name in (*_MAGNITUDES, *_RADII):
         if name not in table.column_names:
             continue  # a source without Petrosian columns (its features have none)
-        values = table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+        values = floats[name] = _float64(table, name)
         low, high = _MAGNITUDE_RANGE if name in _MAGNITUDES else _RADIUS_RANGE
         mark(np.isnan(values), f"nan:{name}")
         mark(~np.isfinite(values), f"infinite:{name}")
         mark((values <= low) | (values >= high), f"sentinel:{name}")
-    redshift = table.column("redshift").to_numpy(zero_copy_only=False).astype(np.float64)
+    redshift = floats["redshift"] = _float64(table, "redshift")
     mark(~np.isfinite(redshift), "nan:redshift")
-    known = pc.is_in(table.column("class"), value_set=_CLASSES).to_numpy(zero_copy_only=False)
-    mark(~known, "unknown class")
-    keys = np.stack(
-        [table.column(n).to_numpy().astype(np.uint64) for n in ("objid", "specobjid")], axis=1
+    # A null class, or one outside SDSS_CLASSES, has no index.
+    index = pc.index_in(table.column("class"), value_set=_CLASSES).fill_null(-1)
+    labels = np.asarray(index.to_numpy(zero_copy_only=False), dtype=np.int64)
+    mark(labels < 0, "unknown class")
+    objid, specobjid = _ids(table, "objid"), _ids(table, "specobjid")
+    sample = splits.sample_hash(objid, specobjid)
+    hashes = _key_hash_of(sample)
+    order = np.argsort(hashes, kind="stable")
+    mark(_repeats(hashes, objid, specobjid, order), DUPLICATE)
+    return Scanned(
+        codes=codes,
+        floats=floats,
+        labels=labels,
+        objid=objid,
+        specobjid=specobjid,
+        sample=sample,
+        hashes=hashes,
+        order=order,
     )
-    _unique, first = np.unique(keys, axis=0, return_index=True)
-    repeated = np.ones(table.num_rows, dtype=bool)
-    repeated[first] = False
-    mark(repeated, DUPLICATE)
-    return codes
+
+
+def _repeats(
+    hashes: npt.NDArray[np.uint64],
+    objid: npt.NDArray[np.uint64],
+    specobjid: npt.NDArray[np.uint64],
+    order: npt.NDArray[np.intp],
+) -> npt.NDArray[np.bool_]:
+    """The rows whose (objid, specobjid) an earlier row has, from ``order`` (the rows by
+    hash, stably): a key's rows are neighbours there, its first row first."""
+    h, o, s = hashes[order], objid[order], specobjid[order]
+    same_hash = h[1:] == h[:-1]
+    same_key = same_hash & (o[1:] == o[:-1]) & (s[1:] == s[:-1])
+    repeated = np.zeros(len(order), dtype=bool)
+    repeated[order[1:][same_key]] = True
+    collided = same_hash & ~same_key
+    if collided.any():
+        # Two keys of one hash (about one pair in 2^64): their rows need not be neighbours,
+        # so those hashes' rows are compared in full.
+        rows = order[np.isin(h, h[1:][collided])]
+        keys = np.stack([objid[rows], specobjid[rows]], axis=1)
+        _unique, first = np.unique(keys, axis=0, return_index=True)
+        repeated[rows] = True
+        repeated[rows[first]] = False
+    return repeated
+
+
+def quarantine_codes(table: pa.Table) -> npt.NDArray[np.int16]:
+    """Why each row cannot be used, as an index into :data:`REASONS` (0 when it can): see
+    :func:`scanned`."""
+    return scanned(table).codes
 
 
 def quarantine_reasons(table: pa.Table) -> npt.NDArray[np.object_]:
@@ -203,34 +281,33 @@ def quarantine_reasons(table: pa.Table) -> npt.NDArray[np.object_]:
 
 def split_codes(table: pa.Table, fractions: dict[str, float]) -> npt.NDArray[np.int8]:
     """The split of each row (an index into :data:`splits.SPLITS`) from (objid, specobjid)."""
-    objid = table.column("objid").to_numpy().astype(np.uint64)
-    specobjid = table.column("specobjid").to_numpy().astype(np.uint64)
+    objid, specobjid = _ids(table, "objid"), _ids(table, "specobjid")
     return splits.assign(splits.sample_hash(objid, specobjid), fractions)
 
 
-def features(table: pa.Table, stored: tuple[str, ...] = schemas.SDSS_FEATURES) -> pa.Table:
-    """The output rows of good input rows, in :func:`schemas.sdss_schema` of ``stored``."""
-
-    def column(name: str) -> npt.NDArray[np.float64]:
-        values: npt.NDArray[np.float64] = (
-            table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
-        )
-        return values
-
+def features(
+    table: pa.Table,
+    scan: Scanned,
+    rows: npt.NDArray[np.intp],
+    stored: tuple[str, ...] = schemas.SDSS_FEATURES,
+) -> pa.Table:
+    """The output rows of ``table``'s ``rows`` (good rows, ascending), in
+    :func:`schemas.sdss_schema` of ``stored``: colours are differences of magnitudes taken in
+    float64, every feature then float32."""
     values: dict[str, Any] = {}
     for name in stored:
         if "_" in name and name.split("_")[0] in _BANDS and name.split("_")[1] in _BANDS:
             first, second = name.split("_")
-            values[name] = (column(first) - column(second)).astype(np.float32)
+            difference = scan.floats_of(table, first)[rows] - scan.floats_of(table, second)[rows]
+            values[name] = difference.astype(np.float32)
         else:
-            values[name] = column(name).astype(np.float32)
-    labels = pc.index_in(table.column("class"), value_set=_CLASSES)
-    values["label"] = labels.to_numpy(zero_copy_only=False).astype(np.int64)
-    values["redshift"] = column("redshift")
-    values["objid"] = table.column("objid").to_numpy().astype(np.uint64)
-    values["specobjid"] = table.column("specobjid").to_numpy().astype(np.uint64)
+            values[name] = scan.floats_of(table, name)[rows].astype(np.float32)
+    values["label"] = scan.labels[rows]
+    values["redshift"] = scan.floats_of(table, "redshift")[rows]
+    values["objid"] = scan.objid[rows]
+    values["specobjid"] = scan.specobjid[rows]
     schema = schemas.sdss_schema(stored)
-    return pa.Table.from_pydict({name: values[name] for name in schema.names}, schema=schema)
+    return pa.Table.from_arrays([values[name] for name in schema.names], schema=schema)
 
 
 def segment_path(work: str, piece: int, split: str) -> Path:
@@ -285,7 +362,11 @@ def key_hash(
 ) -> npt.NDArray[np.uint64]:
     """The hash that orders keys into buckets: independent of the split's hash (which takes
     the sample hash's high bits), so that every bucket holds every split."""
-    return splits.mix64(splits.sample_hash(objid, specobjid) ^ np.uint64(0x5BD1E9955BD1E995))
+    return _key_hash_of(splits.sample_hash(objid, specobjid))
+
+
+def _key_hash_of(sample: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    return splits.mix64(sample ^ np.uint64(0x5BD1E9955BD1E995))
 
 
 def bucket_bounds(bucket: int, num_buckets: int) -> tuple[int, int]:
@@ -305,20 +386,16 @@ def _write_ipc(table: pa.Table, path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _write_keys(table: pa.Table, codes: npt.NDArray[np.int16], path: Path) -> None:
+def _write_keys(scan: Scanned, path: Path) -> None:
     """The good rows' keys, key hashes and row numbers into ``path``, sorted by key hash (so
     that any number of buckets slices it)."""
-    rows = np.flatnonzero(codes == 0)
-    objid = table.column("objid").to_numpy().astype(np.uint64)[rows]
-    specobjid = table.column("specobjid").to_numpy().astype(np.uint64)[rows]
-    hashes = key_hash(objid, specobjid)
-    order = np.argsort(hashes, kind="stable")
+    rows = scan.order[scan.codes[scan.order] == 0]
     keys = pa.table(
         {
-            "hash": hashes[order],
-            "objid": objid[order],
-            "specobjid": specobjid[order],
-            "row": rows[order].astype(np.int64),
+            "hash": scan.hashes[rows],
+            "objid": scan.objid[rows],
+            "specobjid": scan.specobjid[rows],
+            "row": rows.astype(np.int64),
         }
     )
     _write_ipc(keys, path)
@@ -339,9 +416,9 @@ def scan_piece(
     if recorded is not None and recorded.get("key") == piece.key:
         return {**recorded, "reused": True}
     table = read_piece(piece)
-    codes = quarantine_codes(table)
-    _write_keys(table, codes, keys_path(work, piece.number))
-    result = _write_scan(piece.number, table, codes, fractions, work, stored)
+    scan = scanned(table)
+    _write_keys(scan, keys_path(work, piece.number))
+    result = _write_scan(piece.number, table, scan, fractions, work, stored)
     result["key"] = piece.key
     result["keys"] = str(keys_path(work, piece.number))
     record_result(done, result)
@@ -622,12 +699,12 @@ def rescan_piece(
     if recorded is not None:
         return {**recorded, "reused": True}
     table = read_piece(piece)
-    codes = quarantine_codes(table)
+    scan = scanned(table)
     rows = _duplicate_rows(work, piece.number, buckets)
     # Only good rows' keys went into the buckets.
-    assert not codes[rows].any(), f"piece {piece.number}: a quarantined row marked again"
-    codes[rows] = _REASON_CODE[DUPLICATE]
-    result = _write_scan(piece.number, table, codes, fractions, folder, stored)
+    assert not scan.codes[rows].any(), f"piece {piece.number}: a quarantined row marked again"
+    scan.codes[rows] = _REASON_CODE[DUPLICATE]
+    result = _write_scan(piece.number, table, scan, fractions, folder, stored)
     result["folder"] = RESCAN_FOLDER
     record_result(done, result)
     return result
@@ -636,13 +713,14 @@ def rescan_piece(
 def _write_scan(
     number: int,
     table: pa.Table,
-    codes: npt.NDArray[np.int16],
+    scan: Scanned,
     fractions: dict[str, float],
     work: str,
     stored: tuple[str, ...],
 ) -> Result:
-    """A piece's quarantined rows (``codes`` not 0) and its good rows' segments into ``work``;
-    the counts (the caller records them beside the first split's segment)."""
+    """A piece's quarantined rows (``scan.codes`` not 0) and its good rows' segments into
+    ``work``; the counts (the caller records them beside the first split's segment)."""
+    codes = scan.codes
     bad = codes != 0
     result: Result = {"piece": number, "rows_in": table.num_rows}
     result["quarantined"] = int(np.count_nonzero(bad))
@@ -656,13 +734,11 @@ def _write_scan(
             quarantined, Path(work) / relpath, row_group_size=max(1, quarantined.num_rows)
         )
         result["quarantine"] = {"path": relpath, **written}
-    good = table.filter(pa.array(~bad))
-    split_of = split_codes(good, fractions)
-    rows = features(good, stored)
+    split_of = splits.assign(scan.sample, fractions)
     result["split_rows"] = {}
     # The first split's segment last: its result beside it says the piece is done.
     for code, split in reversed(list(enumerate(splits.SPLITS))):
-        chosen = rows.filter(pa.array(split_of == code))
+        chosen = features(table, scan, np.flatnonzero(~bad & (split_of == code)), stored)
         result["split_rows"][split] = chosen.num_rows
         _write_ipc(chosen, segment_path(work, number, split))
     return result

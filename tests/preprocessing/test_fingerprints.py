@@ -105,8 +105,8 @@ def test_a_changed_feature_computation_changes_the_processed_code_only(tree: Pat
     module = tree / "preprocessing" / "sdss.py"
     text = module.read_text()
     changed = text.replace(
-        "values[name] = (column(first) - column(second)).astype(np.float32)",
-        "values[name] = (column(second) - column(first)).astype(np.float32)",
+        "difference = scan.floats_of(table, first)[rows] - scan.floats_of(table, second)[rows]",
+        "difference = scan.floats_of(table, second)[rows] - scan.floats_of(table, first)[rows]",
     )
     assert changed != text
     module.write_text(changed)

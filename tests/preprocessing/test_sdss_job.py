@@ -148,3 +148,23 @@ def test_a_repeated_row_is_quarantined_as_a_duplicate() -> None:
         "",
         "",
     ]
+
+
+def test_keys_of_one_hash_are_told_apart() -> None:
+    """Repeats are found among rows sorted by key hash; two keys that share a hash (here made
+    to) are compared in full, wherever their rows fall in the run of that hash."""
+    from preprocessing.sdss import _repeats
+
+    hashes = np.array([5, 5, 5, 5, 3, 5], dtype=np.uint64)
+    objid = np.array([1, 2, 1, 2, 1, 1], dtype=np.uint64)
+    specobjid = np.array([1, 1, 1, 1, 1, 9], dtype=np.uint64)
+    order = np.argsort(hashes, kind="stable")
+    # Rows 2 and 3 repeat rows 0 and 1; row 4 (another hash) and row 5 (another spectrum) not.
+    assert _repeats(hashes, objid, specobjid, order).tolist() == [
+        False,
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
