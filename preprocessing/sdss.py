@@ -71,6 +71,7 @@ from data_catalog.layout import (
     part_folder,
     version_file,
 )
+from data_catalog.staged_files import digest
 from preprocessing import schemas, splits
 from preprocessing.config import JobOptions
 from preprocessing.driver import Result, Results, TaskSpec
@@ -386,9 +387,9 @@ def _write_ipc(table: pa.Table, path: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _write_keys(scan: Scanned, path: Path) -> None:
+def _write_keys(scan: Scanned, path: Path) -> Result:
     """The good rows' keys, key hashes and row numbers into ``path``, sorted by key hash (so
-    that any number of buckets slices it)."""
+    that any number of buckets slices it); its {"bytes", "sha256"}."""
     rows = scan.order[scan.codes[scan.order] == 0]
     keys = pa.table(
         {
@@ -399,6 +400,8 @@ def _write_keys(scan: Scanned, path: Path) -> None:
         }
     )
     _write_ipc(keys, path)
+    # Hashed here, on the task's thread, rather than read again by the commit.
+    return {"bytes": path.stat().st_size, "sha256": digest(path)[1]}
 
 
 def scan_piece(
@@ -417,10 +420,11 @@ def scan_piece(
         return {**recorded, "reused": True}
     table = read_piece(piece)
     scan = scanned(table)
-    _write_keys(scan, keys_path(work, piece.number))
+    keys_file = _write_keys(scan, keys_path(work, piece.number))
     result = _write_scan(piece.number, table, scan, fractions, work, stored)
     result["key"] = piece.key
     result["keys"] = str(keys_path(work, piece.number))
+    result["keys_file"] = keys_file
     record_result(done, result)
     return result
 
@@ -1157,7 +1161,8 @@ class SdssJob:
     ) -> dict[str, FileEntry]:
         """Put one piece's outputs into ``stage``: an earlier version's files as they are (no
         copy), a task's from the work folder; the entries of the latter, as the tasks that
-        wrote them hashed and counted them (keys files are hashed at the commit)."""
+        wrote them hashed and counted them (a rescanned piece's keys file is hashed at the
+        commit)."""
         earlier = self.earlier
         record = self._kept_record(piece)
         staged: dict[str, FileEntry] = {}
@@ -1167,7 +1172,17 @@ class SdssJob:
             old = earlier.files[keys_output_path(int(record["number"]))]
             stage.reuse(earlier.manifest, old, keys_output_path(piece.number))
         else:
-            stage.adopt(keys_path(str(work), piece.number), keys_output_path(piece.number))
+            relpath = keys_output_path(piece.number)
+            stage.adopt(keys_path(str(work), piece.number), relpath)
+            if "keys_file" in scan:  # else hashed at the commit
+                keys_file = scan["keys_file"]
+                staged[relpath] = FileEntry(
+                    path=relpath,
+                    bytes=int(keys_file["bytes"]),
+                    sha256=str(keys_file["sha256"]),
+                    rows=None,
+                    row_groups=None,
+                )
         outputs: dict[str, dict[str, Any]] = {
             split: entry for split, entry in write["files"].items()
         }
