@@ -421,35 +421,42 @@ def dask_runner(
 
 
 class PlannedRunner:
-    """Starts nothing until the job's first pass is planned: a first pass that reads at most
-    ``config.in_process_bytes`` (a LocalCluster only) runs the whole job in this process, one
-    task after the other (the same files: the tasks are the same functions); a larger one
-    whose tasks all release the GIL (:attr:`TaskSpec.threads`: the ingest of CSV exports, the
-    verification, scan and write of SDSS pieces) runs on ``config.workers`` threads of this
-    process, and so do the passes after it while theirs do too; any other pass starts the
-    cluster ``config`` describes, which then runs every pass left. ``in_process_bytes`` 0
-    always starts the cluster."""
+    """Starts nothing until the job's first pass is planned: a first pass whose tasks all
+    release the GIL (:attr:`TaskSpec.threads`: the ingest of CSV exports, the verification,
+    scan and write of SDSS pieces) runs on ``config.workers`` threads of this process (a
+    LocalCluster only), and so do the passes after it while theirs do too; a first pass that
+    reads at most ``config.in_process_bytes`` runs the whole job in this process (the same
+    files: the tasks are the same functions), on those threads where a pass's tasks release the
+    GIL, else one task after the other; any other pass starts the cluster ``config``
+    describes, which then runs every pass left. ``in_process_bytes`` 0 always starts the
+    cluster."""
 
     def __init__(self, config: ClusterConfig, progress: Progress, stack: ExitStack) -> None:
         self._config = config
         self._progress = progress
         self._stack = stack
         self._runner: Runner | SerialRunner | ThreadRunner | None = None
+        self._small = False
+        """The first pass read at most ``in_process_bytes``: the job never starts a cluster."""
         self._in_process_cpu = 0.0
 
     def _choose(self, tasks: Sequence[TaskSpec]) -> Runner | SerialRunner | ThreadRunner:
         planned = sum(spec.bytes for spec in tasks)
         local = self._config.scheduler is None and self._config.cluster == "local"
-        if local and planned <= self._config.in_process_bytes:
+        self._small = local and planned <= self._config.in_process_bytes
+        threads = min(self._config.workers, len(tasks))
+        threaded = local and self._config.in_process_bytes and threads > 1
+        if self._small and not (threaded and all(spec.threads for spec in tasks)):
             self._progress(
                 f"{len(tasks)} tasks reading {planned / 2**20:,.0f} MiB: in this process, "
                 "no cluster started"
             )
             return SerialRunner()
-        if local and self._config.in_process_bytes and all(spec.threads for spec in tasks):
+        if threaded and all(spec.threads for spec in tasks):
             # Worker processes would only add their start and imports (about 1.5 CPU-s for
-            # two): these tasks run in parallel on threads (docs/preprocessing.md, "Ingest").
-            threads = min(self._config.workers, len(tasks))
+            # two): these tasks run in parallel on threads (docs/preprocessing.md, "Ingest"),
+            # a small job's too (a 200,000-row SDSS preprocess: 0.33 s of tasks one after the
+            # other).
             self._progress(
                 f"{len(tasks)} tasks reading {planned / 2**20:,.0f} MiB: on {threads} threads "
                 "of this process, no cluster started"
@@ -466,8 +473,12 @@ class PlannedRunner:
             self._runner = self._choose(tasks)
         elif isinstance(self._runner, ThreadRunner) and not all(s.threads for s in tasks):
             # A pass that holds the GIL (an image set's decoding after the verification of
-            # its files): worker processes from here on.
-            self._runner = self._stack.enter_context(dask_runner(self._config, self._progress))
+            # its files): one after the other in this process for a small job, else worker
+            # processes from here on.
+            if self._small:
+                self._runner = SerialRunner()
+            else:
+                self._runner = self._stack.enter_context(dask_runner(self._config, self._progress))
         if isinstance(self._runner, Runner):
             return self._runner.run(tasks, run_key=run_key, on_done=on_done)
         from preprocessing.sources import task_progress
