@@ -1,0 +1,93 @@
+"""lab.scaling_model.bootstrap: the ring model's fit redone on resamples of each point's repeats,
+on repeats drawn around a known truth (so whether the range holds it can be seen)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lab import scaling_model
+from lab.scaling_model import Fit, Repeats
+
+# About what the rate-limited links of 2 shared cores fit: 2 ms per allreduce, 0.4 ms per ring
+# step, 85 % of the link, 3 kB of overhead.
+TRUTH = Fit(
+    alpha=0.002, lam=0.0004, eta=0.85, overhead_bytes=3000.0, unlimited_bytes_per_second=None,
+    points=0,
+)  # fmt: skip
+# The experiment's plan in small: bandwidth-bound sizes at 1, 10, 100 Mbit/s and the
+# latency-bound tiny tensors at 100 Mbit/s, on the host counts it fits (2 and 4).
+PLAN = (
+    (1.0, (12_500, 50_000, 200_000)),
+    (10.0, (125_000, 500_000, 2_000_000)),
+    (100.0, (1_250_000, 5_000_000, 20_000_000)),
+    (100.0, (4, 1024, 16_384)),
+)
+
+
+def _measured(repeats: int, noise: float, seed: int = 7) -> list[Repeats]:
+    """Each point's repeats: the truth's time times log-normal noise of median 1."""
+    generator = np.random.default_rng(seed)
+    measured = []
+    for num_ranks in (2, 4):
+        for mbit, sizes in PLAN:
+            for size in sizes:
+                seconds = scaling_model.allreduce_seconds(TRUTH, num_ranks, size, mbit)
+                draws = seconds * generator.lognormal(0.0, noise, size=repeats)
+                measured.append(Repeats(num_ranks=num_ranks, mbit=mbit, bytes=size,
+                                        seconds=tuple(draws.tolist())))  # fmt: skip
+    return measured
+
+
+def _lam_spread(measured: list[Repeats]) -> scaling_model.Spread:
+    fits = scaling_model.bootstrap(measured, resamples=200, seed=31)
+    assert len(fits) == 200
+    return scaling_model.spread([f.lam for f in fits])
+
+
+def test_the_lam_range_holds_the_truth_and_narrows_with_more_repeats() -> None:
+    few = _lam_spread(_measured(repeats=9, noise=0.15))
+    many = _lam_spread(_measured(repeats=81, noise=0.15))
+    for found in (few, many):
+        assert found.low <= TRUTH.lam <= found.high
+        assert found.low < found.median < found.high
+    # Nine times the repeats: about a third of the width (the median's error goes as 1/sqrt).
+    assert many.width < 0.6 * few.width
+
+
+def test_the_range_of_every_coefficient_holds_the_truth() -> None:
+    fits = scaling_model.bootstrap(_measured(repeats=40, noise=0.15), resamples=200, seed=31)
+    alpha = scaling_model.spread([f.alpha for f in fits])
+    eta = scaling_model.spread([f.eta or 0.0 for f in fits])
+    assert alpha.low <= TRUTH.alpha <= alpha.high
+    assert eta.low <= 0.85 <= eta.high and eta.width < 0.05
+
+
+def test_repeats_without_noise_give_a_zero_width_spread() -> None:
+    measured = _measured(repeats=9, noise=0.0)
+    fits = scaling_model.bootstrap(measured, resamples=50, seed=31)
+    on_medians = scaling_model.fit([m.point() for m in measured])
+    for name in ("alpha", "lam", "eta", "overhead_bytes"):
+        values = [getattr(f, name) for f in fits]
+        found = scaling_model.spread(values)
+        assert found.width == 0.0
+        assert found.median == getattr(on_medians, name)
+    assert on_medians.lam == pytest.approx(TRUTH.lam, rel=1e-6)
+
+
+def test_the_same_seed_gives_the_same_fits() -> None:
+    measured = _measured(repeats=9, noise=0.15)
+    first = scaling_model.bootstrap(measured, resamples=20, seed=5)
+    assert first == scaling_model.bootstrap(measured, resamples=20, seed=5)
+    assert first != scaling_model.bootstrap(measured, resamples=20, seed=6)
+
+
+def test_bootstrap_and_spread_refuse_what_they_cannot_do() -> None:
+    with pytest.raises(ValueError, match="resamples"):
+        scaling_model.bootstrap(_measured(repeats=3, noise=0.1), resamples=0, seed=1)
+    with pytest.raises(ValueError, match="no points"):
+        scaling_model.bootstrap([], resamples=10, seed=1)
+    with pytest.raises(ValueError, match="no values"):
+        scaling_model.spread([])
+    with pytest.raises(ValueError, match="no repeats"):
+        Repeats(num_ranks=2, mbit=1.0, bytes=4, seconds=()).point()
