@@ -4,7 +4,10 @@ SLURM; Horovod's ~90 % at 512 GPUs).
     step_probe: ResNet-50's step compute time (1 rank, CPU) and gradient bytes, here
     allreduce_probe on 2..4 namespaced hosts (horovodrun in head, ssh, eth0), each phase
         under a tc rate limit on every rank host (1, 10, 100 Mbit/s, none): median seconds
-    scaling_model.fit on the smallest and largest N, checked on the N between
+        and a phase of tiny tensors (4 B-16 kB, 40 repeats) whose time is nearly all latency
+    scaling_model.fit on the smallest and largest N, checked on the N between; the fit redone
+        on 200 bootstrap resamples of each point's repeats: every coefficient and prediction
+        with its 5-95 % range
     scaling_model.predict: images/s and efficiency at 8..512 GPUs for NVIDIA's published
         V100/A100 ResNet-50 throughput on 10/25/100 Gbit/s links
     → report.md, results.json, efficiency.png, allreduce_fit.png
@@ -26,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from lab import scaling_model
 from lab.allreduce_probe import Phase, run_on
@@ -72,14 +77,26 @@ def _sizes(mbit: float, seconds: float) -> tuple[int, ...]:
 
 
 RESNET50_GRADIENT_BYTES = 102_334_368  # 25,583,592 trainable float32 values (step_probe)
+# Tensors whose allreduce is nearly all latency: at 100 Mbit/s a 2-rank ring moves 4 B in
+# 0.3 us and 1 kB in 0.08 ms, against milliseconds of alpha + 2(N-1) lam; 16 kB (1.3-2 ms of
+# bytes) shows where the bytes begin to count. Without them lam was read off the smallest
+# bandwidth-bound sizes (0.08-1.25 MB, 100 ms and more), where a millisecond is noise, and
+# moved 0-6.2 ms between runs.
+LATENCY_SIZES = (4, 1024, 16 * 1024)
+LATENCY_MBIT = 100.0
+# The fit's spread: resamples of each point's repeats (lab.scaling_model.bootstrap).
+RESAMPLES = 200
+SEED = 31
 # Medians of 9: single repeats swing by a third (a 2-rank 0.5 MB allreduce at 10 Mbit/s took
-# 0.42-0.61 s over 7 repeats on an idle machine).
+# 0.42-0.61 s over 7 repeats on an idle machine). The latency points take milliseconds each:
+# 40 repeats cost a second or two per host count.
 FULL = Sizing(
     num_hosts=(2, 3, 4),
     phases=(
         RatePhase(mbit=1.0, sizes=_sizes(1.0, 1.6), repeats=9),
         RatePhase(mbit=10.0, sizes=_sizes(10.0, 1.6), repeats=9),
         RatePhase(mbit=100.0, sizes=_sizes(100.0, 1.6), repeats=9),
+        RatePhase(mbit=LATENCY_MBIT, sizes=LATENCY_SIZES, repeats=40, warmup=3),
         RatePhase(mbit=None, sizes=(1 * MB, 4 * MB, 16 * MB, RESNET50_GRADIENT_BYTES), repeats=9),
     ),
     compute_side=224,
@@ -92,6 +109,7 @@ QUICK = Sizing(
     num_hosts=(2,),
     phases=(
         RatePhase(mbit=10.0, sizes=_sizes(10.0, 0.4), repeats=3),
+        RatePhase(mbit=LATENCY_MBIT, sizes=LATENCY_SIZES, repeats=3),
         RatePhase(mbit=None, sizes=(MB // 4, MB, 4 * MB), repeats=3),
     ),
     compute_side=32,
@@ -206,6 +224,66 @@ def _points(runs: list[dict[str, Any]]) -> list[scaling_model.Point]:
     ]
 
 
+def _repeats(runs: list[dict[str, Any]]) -> list[scaling_model.Repeats]:
+    """Every point with the slowest rank's time of each repeat."""
+    return [
+        scaling_model.Repeats(
+            num_ranks=run["num_hosts"],
+            mbit=phase["mbit"],
+            bytes=size["bytes"],
+            seconds=tuple(size["seconds"]),
+        )
+        for run in runs
+        for phase in run["phases"]
+        for size in phase["sizes"]
+    ]
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    found = scaling_model.spread(values)
+    return {"median": found.median, "low": found.low, "high": found.high}
+
+
+def _fit_spread(
+    fitted: list[scaling_model.Point], repeats: list[scaling_model.Repeats]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The fit redone on bootstrap resamples of the repeats of the points it was fitted on:
+    (each coefficient's and each 512-GPU efficiency's median and 5-95 % range, and those of
+    every prediction row in ``_predictions`` order)."""
+    keys = {(p.num_ranks, p.mbit, p.bytes) for p in fitted}
+    chosen = [r for r in repeats if (r.num_ranks, r.mbit, r.bytes) in keys]
+    fits = scaling_model.bootstrap(chosen, resamples=RESAMPLES, seed=SEED)
+    predicted = [_predictions(f) for f in fits]
+    rows = [
+        {
+            key: _spread([p[number][key] for p in predicted])
+            for key in ("efficiency", "bandwidth_only_efficiency")
+        }
+        for number in range(len(predicted[0]))
+    ]
+    at_512 = [
+        {"gpu": row["gpu"], "gbit": row["gbit"]} | spread
+        for row, spread in zip(predicted[0], rows, strict=True)
+        if row["gpus"] == 512
+    ]
+    pairs = [f.eta_pair for f in fits if f.eta_pair is not None]
+    summary = {
+        "resamples": RESAMPLES,
+        "seed": SEED,
+        "percent": [5, 95],
+        "points": len(chosen),
+        "repeats_per_point": sorted({len(r.seconds) for r in chosen}),
+        "alpha_seconds": _spread([f.alpha for f in fits]),
+        "lam_seconds": _spread([f.lam for f in fits]),
+        "eta": _spread([f.eta or 0.0 for f in fits]),
+        "eta_pair": _spread(pairs) if len(pairs) == len(fits) else None,
+        "overhead_bytes": _spread([f.overhead_bytes for f in fits]),
+        "lam_zero_share": sum(f.lam == 0 for f in fits) / len(fits),
+        "efficiency_512": at_512,
+    }
+    return summary, rows
+
+
 def _measurements(
     runs: list[dict[str, Any]],
     links: scaling_model.Fit,
@@ -285,6 +363,21 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     started, load_start = time.monotonic(), _load()
     compute = _measure_compute(sizing, pipeline)
     runs = _measure_allreduce(sizing, pipeline)
+    result = analyse(compute, runs, quick=request.quick)
+    result["machine"] = {
+        "cores": len(os.sched_getaffinity(0)),
+        "load_start": load_start,
+        "load_end": _load(),
+        "wall_seconds": time.monotonic() - started,
+    }
+    result["plots"] = [str(p) for p in _plots(request.out, result)]
+    return write_results(request.out, result, render(result))
+
+
+def analyse(compute: dict[str, Any], runs: list[dict[str, Any]], *, quick: bool) -> dict[str, Any]:
+    """Fit, check and predict from the measurements (``runs``: the probes' phases, each point
+    with the slowest rank's seconds of every repeat); everything of results.json but the
+    machine and the plots."""
     points = _points(runs)
     # Rate-limited links and the unlimited veth are fitted apart: unlimited, the hosts share
     # this machine's CPU cores (its rates and latencies are the CPUs', not a network's).
@@ -293,6 +386,7 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         [p for p in points if p.mbit is None]
     )
     fit = scaling_model.fit(fitted)
+    fit_spread, prediction_spreads = _fit_spread(fitted, _repeats(runs))
     machine = scaling_model.fit(machine_fitted) if machine_fitted else None
     measurements = _measurements(runs, fit, machine, checked + machine_checked)
     linked = [r for r in measurements if r["mbit"] is not None]
@@ -300,10 +394,13 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     worst_checked = max((abs(r["error"]) for r in linked if r["role"] == "check"),
                         default=None)  # fmt: skip
     worst = max(abs(r["error"]) for r in linked)
-    predictions = _predictions(fit)
+    predictions = [
+        row | {f"{key}_spread": value for key, value in spread.items()}
+        for row, spread in zip(_predictions(fit), prediction_spreads, strict=True)
+    ]
     result = {
         "experiment": NAME,
-        "quick": request.quick,
+        "quick": quick,
         "compute": compute,
         "gradient_bytes": compute["gradient_bytes"],
         "allreduce_runs": [
@@ -332,6 +429,7 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
             "fitted_on": sorted({p.num_ranks for p in fitted}),
             "checked_on": sorted({p.num_ranks for p in checked}),
         },
+        "fit_spread": fit_spread,
         "machine_fit": None
         if machine is None
         else {
@@ -354,15 +452,8 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         "predictions": predictions,
         "published_source": PUBLISHED_SOURCE,
         "paper": PAPER,
-        "machine": {
-            "cores": len(os.sched_getaffinity(0)),
-            "load_start": load_start,
-            "load_end": _load(),
-            "wall_seconds": time.monotonic() - started,
-        },
     }
-    result["plots"] = [str(p) for p in _plots(request.out, result)]
-    return write_results(request.out, result, render(result))
+    return result
 
 
 def _plots(out: Path, result: dict[str, Any]) -> list[Path]:
@@ -380,6 +471,10 @@ def _plots(out: Path, result: dict[str, Any]) -> list[Path]:
             ]
             ax.plot([r["gpus"] for r in rows], [100 * r["efficiency"] for r in rows],
                     marker="o", label=f"{gbit:g} Gbit/s")  # fmt: skip
+            ax.fill_between([r["gpus"] for r in rows],
+                            [100 * r["efficiency_spread"]["low"] for r in rows],
+                            [100 * r["efficiency_spread"]["high"] for r in rows],
+                            color=ax.lines[-1].get_color(), alpha=0.15, linewidth=0)  # fmt: skip
             ax.plot([r["gpus"] for r in rows],
                     [100 * r["bandwidth_only_efficiency"] for r in rows],
                     linestyle=":", color=ax.lines[-1].get_color())  # fmt: skip
@@ -395,7 +490,8 @@ def _plots(out: Path, result: dict[str, Any]) -> list[Path]:
         ax.set_ylabel("scaling efficiency %")
     axes[0, 0].legend(fontsize=7)
     figure.suptitle(
-        "Modelled efficiency (solid: fitted latency; dotted: bandwidth only), no overlap",
+        "Modelled efficiency (solid: fitted latency, band: its 5-95 % over bootstrap resamples; "
+        "dotted: bandwidth only), no overlap",
         fontsize=10,
     )
     figure.tight_layout()
@@ -450,6 +546,137 @@ def _size(size: int) -> str:
     return f"{size / MB:.3f} MB" if size < MB else f"{size / MB:.1f} MB"
 
 
+def _ms(spread: dict[str, float], digits: int = 2) -> str:
+    """A spread of seconds: "0.37 ms (5-95 %: 0.30-0.45)"."""
+    return (
+        f"{1000 * spread['median']:.{digits}f} ms (5-95 %: {1000 * spread['low']:.{digits}f}-"
+        f"{1000 * spread['high']:.{digits}f})"
+    )
+
+
+def _percent(value: float, spread: dict[str, float]) -> str:
+    """An efficiency and its spread: "27 % (5-95 %: 12-41 %)"."""
+    return f"{100 * value:.0f} % (5-95 %: {100 * spread['low']:.0f}-{100 * spread['high']:.0f} %)"
+
+
+def _latency_section(result: dict[str, Any]) -> str:
+    """The tiny-tensor points (their repeats' spread) and the fit's bootstrap spread."""
+    spread, fit = result["fit_spread"], result["fit"]
+    latency = [
+        r
+        for r in result["measurements"]
+        if r["mbit"] == LATENCY_MBIT and r["bytes"] in LATENCY_SIZES
+    ]
+    points = markdown_table(
+        ["hosts N", "tensor", "repeats", "median ms", "5-95 % of repeats, ms", "model ms",
+         "role"],
+        [
+            [r["num_hosts"], f"{r['bytes']:,} B", r["repeats"],
+             round(1000 * r["median_seconds"], 2),
+             "-".join(f"{1000 * v:.2f}" for v in np.percentile(r["seconds"], [5, 95])),
+             round(1000 * r["modelled_seconds"], 2), r["role"]]
+            for r in latency
+        ],
+    )  # fmt: skip
+    at_512 = markdown_table(
+        ["GPU", "link", "fitted latency", "bandwidth only"],
+        [
+            [row["gpu"], f"{row['gbit']:g} Gbit/s",
+             _percent(_prediction(result, row["gpu"], row["gbit"], 512)["efficiency"],
+                      row["efficiency"]),
+             _percent(_prediction(result, row["gpu"], row["gbit"], 512)[
+                 "bandwidth_only_efficiency"], row["bandwidth_only_efficiency"])]
+            for row in spread["efficiency_512"]
+        ],
+    )  # fmt: skip
+    return f"""## The latency term: tiny tensors, repeats and the fit's spread
+
+alpha and lam are what an allreduce costs besides its bytes. They are pinned by a phase of tiny
+tensors ({", ".join(f"{s:,} B" for s in LATENCY_SIZES)}) at {LATENCY_MBIT:g} Mbit/s, where the
+bytes take at most a millisecond or two, so t ≈ alpha + 2(N-1) · lam is measured nearly
+directly at each N (repeats each after a barrier; the slowest rank's time):
+
+{points}
+
+The fit's spread: the fit redone on {spread["resamples"]} bootstrap resamples (seed
+{spread["seed"]}) of the {spread["points"]} points it is fitted on (each point's
+{"/".join(map(str, spread["repeats_per_point"]))} repeats drawn with replacement, their median
+taken), medians and 5-95 % ranges over the resamples:
+
+- lam {_ms(spread["lam_seconds"], 3)} per ring step (fit on the medians
+  {1000 * fit["lam_seconds"]:.3f} ms; lam = 0 in {100 * spread["lam_zero_share"]:.0f} % of
+  the resamples)
+- alpha {_ms(spread["alpha_seconds"])} per allreduce (fit on the medians
+  {1000 * fit["alpha_seconds"]:.2f} ms)
+- eta {spread["eta"]["median"]:.3f} (5-95 %: {spread["eta"]["low"]:.3f}-{spread["eta"]["high"]:.3f})
+
+The efficiency at 512 GPUs, fit on the medians with the resamples' 5-95 % range (every cell
+modelled):
+
+{at_512}
+
+What this spread is: the uncertainty the fit's own repeats leave, on this machine, at this
+run's load; the same method (phases, sizes, repeats, seed) every run. What it is not: the
+spread between runs at other loads (a busier machine makes every ring step wait for a core;
+compare the earlier runs below), nor a GPU cluster's latency (NCCL over RoCE was not measured
+here), nor the model's own error (a flat ring with no overlap).
+"""
+
+
+def _prediction(result: dict[str, Any], gpu: str, gbit: float, gpus: int) -> dict[str, Any]:
+    return next(
+        r
+        for r in result["predictions"]
+        if r["gpu"] == gpu and r["gbit"] == gbit and r["gpus"] == gpus
+    )
+
+
+# The runs committed before the latency phase and the bootstrap (results.json of each commit):
+# lam per ring step, eta, and V100 16GB FP32+XLA at 25 Gbit/s on 512 GPUs, fitted latency
+# (bandwidth only).
+EARLIER_RUNS = (
+    ("80bdb59", "6.18 ms", "0.864", "2 % (80 %)"),
+    ("9b68da8", "0 ms", "0.866", "80 % (80 %)"),
+    ("a414ed4", "0.37 ms", "0.874", "27 % (81 %)"),
+)
+
+
+def _history_section(result: dict[str, Any]) -> str:
+    spread = result["fit_spread"]
+    case = PUBLISHED[0]
+    row = _prediction(result, case.label, 25.0, 512)
+    rows = [list(r) for r in EARLIER_RUNS] + [
+        [
+            "this run",
+            _ms(spread["lam_seconds"], 3),
+            f"{result['fit']['eta']:.3f}",
+            f"{_percent(row['efficiency'], row['efficiency_spread'])} "
+            f"({100 * row['bandwidth_only_efficiency']:.0f} %)",
+        ]
+    ]
+    table = markdown_table(
+        ["commit", "lam per ring step", "eta",
+         f"{case.label}, 25 Gbit/s, 512 GPUs: fitted latency (bandwidth only)"],
+        rows,
+    )  # fmt: skip
+    return f"""## The latency term across the committed runs
+
+The same experiment, committed three times from this machine before the latency phase and
+the bootstrap, fitted these (results.json of each commit, `fit`):
+
+{table}
+
+lam spanned 0-6.2 ms over the three earlier runs (eta 0.864-0.874): the bandwidth-only
+efficiency held at 80-81 %, the fitted-latency one moved 2 % → 80 % → 27 %. Those fits had no
+spread of their own (one fit per run, on medians of 9 repeats per point), lam was read off the
+smallest bandwidth-bound tensors (0.08-1.25 MB, where a millisecond is within the noise), and
+the runs changed the method between them (the unlimited-link model, the repeats), so they are
+not three draws of one measurement. This run pins lam with the tiny-tensor phase and gives
+its spread; a run at another load is expected to move it by more than this run's range (see
+above: what the spread is not).
+"""
+
+
 def render(result: dict[str, Any]) -> str:
     """report.md: measurements, fit, check, predictions beside the paper's figure."""
     compute, fit, machine = result["compute"], result["fit"], result["machine"]
@@ -475,17 +702,27 @@ def render(result: dict[str, Any]) -> str:
     )  # fmt: skip
     machine_fit = result["machine_fit"]
     unlimited_rows = [r for r in result["measurements"] if r["mbit"] is None]
+    spread = result["fit_spread"]
+
+    def ranged(key: str, scale: float, digits: int) -> str:
+        found = spread[key]
+        if found is None:
+            return "-"
+        return f"{scale * found['low']:,.{digits}f}-{scale * found['high']:,.{digits}f}"
+
     fit_table = markdown_table(
-        ["parameter", "value", "meaning"],
+        ["parameter", "value", "5-95 % over resamples", "meaning"],
         [
-            ["alpha", f"{1000 * fit['alpha_seconds']:.2f} ms", "per allreduce"],
-            ["lam", f"{1000 * fit['lam_seconds']:.3f} ms", "per ring step (2(N-1) steps)"],
-            ["eta", f"{fit['eta']:.3f}" if fit["eta"] else "-",
+            ["alpha", f"{1000 * fit['alpha_seconds']:.2f} ms", ranged("alpha_seconds", 1000, 2)
+             + " ms", "per allreduce"],
+            ["lam", f"{1000 * fit['lam_seconds']:.3f} ms", ranged("lam_seconds", 1000, 3)
+             + " ms", "per ring step (2(N-1) steps)"],
+            ["eta", f"{fit['eta']:.3f}" if fit["eta"] else "-", ranged("eta", 1, 3),
              "payload share of a rate-limited link, ring of 3 or more (all N if no eta_pair)"],
             ["eta_pair", f"{fit['eta_pair']:.3f}" if fit["eta_pair"] else "-",
-             "the same for N = 2"],
-            ["c", f"{fit['overhead_bytes']:,.0f} bytes",
-             "on the wire per allreduce besides the payload"],
+             ranged("eta_pair", 1, 3), "the same for N = 2"],
+            ["c", f"{fit['overhead_bytes']:,.0f} bytes", ranged("overhead_bytes", 1, 0)
+             + " bytes", "on the wire per allreduce besides the payload"],
         ],
     )  # fmt: skip
     machine_lines = (
@@ -535,9 +772,10 @@ def render(result: dict[str, Any]) -> str:
         ],
     )  # fmt: skip
     at_paper = [
-        f"{c.label}: {100 * cell(c.label, 25.0, 512, 'efficiency'):.0f} % "
-        f"({100 * cell(c.label, 25.0, 512, 'bandwidth_only_efficiency'):.0f} %)"
+        f"{c.label}: {_percent(row['efficiency'], row['efficiency_spread'])} "
+        f"({100 * row['bandwidth_only_efficiency']:.0f} %)"
         for c in PUBLISHED
+        for row in [_prediction(result, c.label, 25.0, 512)]
     ]
     worst_checked = result["worst_error_checked"]
     checked_line = (
@@ -647,6 +885,7 @@ agree with each other; the predictions use eta, the share of a ring of three or 
 
 ![measured vs modelled allreduce time](allreduce_fit.png)
 
+{_latency_section(result)}
 ## Modelled: ResNet-50 on 8-512 GPUs
 
 Per-GPU step time = published batch / published images/s of one GPU ({result["published_source"]}).
@@ -695,15 +934,19 @@ GPUs. The 90 % at 512 GPUs is Horovod's own published figure, quoted.
 ## What is measured, quoted and modelled
 
 - **Measured** on this machine: ResNet-50's gradient bytes and CPU step time; every allreduce
-  time in the table of the fit (median of its repeats); the wall and CPU seconds and load.
+  time in the tables above (the median of its repeats, each repeat in results.json); the wall
+  and CPU seconds and the load.
+- **Fitted** from those measurements: alpha, lam, eta, eta_pair and c, each with its 5-95 %
+  range over {spread["resamples"]} bootstrap resamples of the repeats.
 - **Quoted**: the GPU images/s (NVIDIA) and Horovod's 90 % at 512 GPUs.
-- **Modelled**: every efficiency and images/s at 8-512 GPUs. The bandwidth-only figures (in
-  brackets) rest on eta and the published step times, both stable from run to run. The
-  fitted-latency figures rest on lam, fitted from the smallest tensors on 2 shared CPU cores:
-  at 512 GPUs the ring's 2(N-1) = 1,022 steps multiply it, so a fraction of a millisecond
-  decides the efficiency, and lam is not measured stably here (it moved between runs of this
-  experiment: see results.json of each run). Read the fitted-latency column as a lower bound
-  under this machine's latency, not a measurement of a GPU cluster.
+- **Modelled**: every efficiency and images/s at 8-512 GPUs (no GPU ran here). The
+  bandwidth-only figures (in brackets) rest on eta and the published step times. The
+  fitted-latency figures rest on alpha and lam, measured between CPU processes on
+  {machine["cores"]} shared cores: at 512 GPUs the ring's 2(N-1) = 1,022 steps multiply lam,
+  so a fraction of a millisecond decides the efficiency. Their 5-95 % ranges are the fit's
+  uncertainty from its own repeats on this machine; they say nothing of a GPU cluster's
+  latency. Read the fitted-latency column as the model under this machine's latency, a lower
+  bound for a cluster whose ring steps are faster, not a measurement of one.
 
 ## Run
 
@@ -713,7 +956,8 @@ Whole run {machine["wall_seconds"]:.0f} s wall; load average {
 (the load counts this run's own ranks and launchers, up to {
         max(run["num_hosts"] for run in result["allreduce_runs"])
     } ranks at once, beside whatever else ran on the machine).
-"""
+
+{_history_section(result)}"""
 
 
 EXPERIMENT = Experiment(
