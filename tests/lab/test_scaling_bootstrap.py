@@ -3,12 +3,17 @@ on repeats drawn around a known truth (so whether the range holds it can be seen
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from lab import scaling_model
+from lab.experiments import scaling
 from lab.scaling_model import Fit, Repeats
 
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "scaling" / "results.json"
 # About what the rate-limited links of 2 shared cores fit: 2 ms per allreduce, 0.4 ms per ring
 # step, 85 % of the link, 3 kB of overhead.
 TRUTH = Fit(
@@ -91,3 +96,32 @@ def test_bootstrap_and_spread_refuse_what_they_cannot_do() -> None:
         scaling_model.spread([])
     with pytest.raises(ValueError, match="no repeats"):
         Repeats(num_ranks=2, mbit=1.0, bytes=4, seconds=()).point()
+
+
+def test_the_committed_fit_is_redone_from_its_own_repeats() -> None:
+    # docs/results/scaling/results.json keeps every repeat: its fit (and its spread, when the
+    # run made one) follows from them, with no probe run.
+    committed = json.loads(COMMITTED.read_text())
+    redone = scaling.analyse(
+        committed["compute"], scaling.runs_from_results(committed), quick=committed["quick"]
+    )
+    for key, value in committed["fit"].items():
+        assert redone["fit"][key] == (pytest.approx(value) if isinstance(value, float) else value)
+    # The same points, roles and modelled times (to the last bits of the solver's float sums).
+    assert len(redone["measurements"]) == len(committed["measurements"])
+    for mine, theirs in zip(redone["measurements"], committed["measurements"], strict=True):
+        assert mine["seconds"] == theirs["seconds"] and mine["role"] == theirs["role"]
+        assert mine["modelled_seconds"] == pytest.approx(theirs["modelled_seconds"])
+    if "fit_spread" in committed:
+        for key in ("alpha_seconds", "lam_seconds", "eta"):
+            assert redone["fit_spread"][key] == pytest.approx(committed["fit_spread"][key])
+        for mine, theirs in zip(redone["predictions"], committed["predictions"], strict=True):
+            assert mine["efficiency_spread"] == pytest.approx(theirs["efficiency_spread"])
+    spread = redone["fit_spread"]
+    assert spread["resamples"] == scaling.RESAMPLES and spread["seed"] == scaling.SEED
+    lam = spread["lam_seconds"]
+    assert lam["low"] <= lam["median"] <= lam["high"]
+    assert len(spread["efficiency_512"]) == len(scaling.PUBLISHED) * len(scaling.LINKS_GBIT)
+    for row in spread["efficiency_512"]:
+        # The bandwidth-only figure bounds the fitted-latency one in every resample.
+        assert row["efficiency"]["high"] <= row["bandwidth_only_efficiency"]["high"]
