@@ -80,7 +80,7 @@ RESNET50_GRADIENT_BYTES = 102_334_368  # 25,583,592 trainable float32 values (st
 # Tensors whose allreduce is nearly all latency: at 100 Mbit/s a 2-rank ring moves 4 B in
 # 0.3 us and 1 kB in 0.08 ms, against milliseconds of alpha + 2(N-1) lam; 16 kB (1.3-2 ms of
 # bytes) shows where the bytes begin to count. Without them lam was read off the smallest
-# bandwidth-bound sizes (0.08-1.25 MB, 100 ms and more), where a millisecond is noise, and
+# bandwidth-bound sizes (12.5 kB-1.25 MB, 0.1 s or more each), where a millisecond is noise, and
 # moved 0-6.2 ms between runs.
 LATENCY_SIZES = (4, 1024, 16 * 1024)
 LATENCY_MBIT = 100.0
@@ -674,8 +674,8 @@ the bootstrap, fitted these (results.json of each commit, `fit`):
 lam spanned 0-6.2 ms over the three earlier runs (eta 0.864-0.874): the bandwidth-only
 efficiency held at 80-81 %, the fitted-latency one moved 2 % → 80 % → 27 %. Those fits had no
 spread of their own (one fit per run, on medians of 9 repeats per point), lam was read off the
-smallest bandwidth-bound tensors (0.08-1.25 MB, where a millisecond is within the noise), and
-the runs changed the method between them (the unlimited-link model, the repeats), so they are
+smallest bandwidth-bound tensors (12.5 kB-1.25 MB, 0.1 s or more each: a millisecond is noise),
+and the runs changed the method between them (the unlimited-link model, the repeats), so they are
 not three draws of one measurement. The last two columns redo each run's fit on bootstrap
 resamples of its own repeats (today's code, the command in lab/experiments/scaling.py,
 `EARLIER_RUNS`): without the tiny tensors, one run's own repeats already allowed lam from 0 to
@@ -781,8 +781,8 @@ def render(result: dict[str, Any]) -> str:
         ],
     )  # fmt: skip
     at_paper = [
-        f"{c.label}: {_percent(row['efficiency'], row['efficiency_spread'])} "
-        f"({100 * row['bandwidth_only_efficiency']:.0f} %)"
+        f"{c.label}: {_percent(row['efficiency'], row['efficiency_spread'])[:-1]}; "
+        f"bandwidth only {100 * row['bandwidth_only_efficiency']:.0f} %)"
         for c in PUBLISHED
         for row in [_prediction(result, c.label, 25.0, 512)]
     ]
@@ -927,7 +927,7 @@ images/s:
 | source | GPUs | link | model | efficiency | kind |
 | --- | ---: | --- | --- | ---: | --- |
 | {PAPER["source"]} | 512 | {PAPER["setup"]} | {PAPER["models"]} | 90 % | quoted |
-| this model: fitted latency (bandwidth only) | 512 | flat ring, 25 Gbit/s/GPU | ResNet-50 | {
+| this model: fitted latency | 512 | flat ring, 25 Gbit/s/GPU | ResNet-50 | {
         "; ".join(at_paper)
     } | modelled |
 
