@@ -284,6 +284,42 @@ def _fit_spread(
     return summary, rows
 
 
+def _latency_sensitivity(
+    fitted: list[scaling_model.Point], checked: list[scaling_model.Point]
+) -> list[dict[str, Any]]:
+    """The fit with the tiny tensors left out smallest first (the last: none in, the method
+    before the tiny-tensor phase): lam, alpha, the worst error over the rate-limited points
+    still in, and the 512-GPU efficiency of the first published GPU at 25 Gbit/s."""
+    rows = []
+    case = PUBLISHED[0]
+    for count in range(len(LATENCY_SIZES) + 1):
+        left_out = LATENCY_SIZES[:count]
+
+        def kept(
+            points: list[scaling_model.Point], left_out: tuple[int, ...] = left_out
+        ) -> list[scaling_model.Point]:
+            return [p for p in points if not (p.mbit == LATENCY_MBIT and p.bytes in left_out)]
+
+        found = scaling_model.fit(kept(fitted))
+        predicted = scaling_model.predict(
+            found, compute_seconds=case.step_seconds, batch_size=case.batch_size,
+            gradient_bytes=RESNET50_GRADIENT_BYTES, num_ranks=512, gbit=25.0,
+        )  # fmt: skip
+        rows.append(
+            {
+                "tiny_sizes_fitted": [s for s in LATENCY_SIZES if s not in left_out],
+                "lam_seconds": found.lam,
+                "alpha_seconds": found.alpha,
+                "eta": found.eta,
+                "worst_error": max(
+                    abs(scaling_model.relative_error(found, p)) for p in kept(fitted + checked)
+                ),
+                "efficiency_512": predicted.efficiency,
+            }
+        )
+    return rows
+
+
 def _measurements(
     runs: list[dict[str, Any]],
     links: scaling_model.Fit,
@@ -430,6 +466,7 @@ def analyse(compute: dict[str, Any], runs: list[dict[str, Any]], *, quick: bool)
             "checked_on": sorted({p.num_ranks for p in checked}),
         },
         "fit_spread": fit_spread,
+        "latency_sensitivity": _latency_sensitivity(fitted, checked),
         "machine_fit": None
         if machine is None
         else {
@@ -589,6 +626,16 @@ def _latency_section(result: dict[str, Any]) -> str:
             for row in spread["efficiency_512"]
         ],
     )  # fmt: skip
+    sensitivity = markdown_table(
+        ["tiny tensors in the fit", "lam", "alpha", "worst error, rate-limited points",
+         f"{PUBLISHED[0].label}, 25 Gbit/s, 512 GPUs"],
+        [
+            [", ".join(f"{s:,} B" for s in r["tiny_sizes_fitted"]) or "none (the earlier method)",
+             f"{1000 * r['lam_seconds']:.3f} ms", f"{1000 * r['alpha_seconds']:.2f} ms",
+             f"{100 * r['worst_error']:.1f} %", f"{100 * r['efficiency_512']:.0f} %"]
+            for r in result["latency_sensitivity"]
+        ],
+    )  # fmt: skip
     return f"""## The latency term: tiny tensors, repeats and the fit's spread
 
 alpha and lam are what an allreduce costs besides its bytes. They are pinned by a phase of tiny
@@ -618,8 +665,17 @@ modelled):
 What this spread is: the uncertainty the fit's own repeats leave, on this machine, at this
 run's load; the same method (phases, sizes, repeats, seed) every run. What it is not: the
 spread between runs at other loads (a busier machine makes every ring step wait for a core;
-compare the earlier runs below), nor a GPU cluster's latency (NCCL over RoCE was not measured
-here), nor the model's own error (a flat ring with no overlap).
+compare the runs below), nor a GPU cluster's latency (NCCL over RoCE was not measured
+here), nor the model's own error (a flat ring with no overlap), nor the choice of which tiny
+tensors pin lam. That choice, on this run's own medians (the same fit, the tiny tensors left
+out smallest first):
+
+{sensitivity}
+
+Where the tiny tensors do not lie on one line alpha + 2(N-1) · lam, lam depends on which of
+them are fitted by more than the bootstrap range above, and the worst error shows how far the
+model is from them. (A 4 B tensor is one float32: in a ring of N ranks N-1 of its chunks are
+empty, which may make it less than a full ring of 2(N-1) hops; not checked in Gloo's source.)
 """
 
 
@@ -641,13 +697,18 @@ EARLIER_RUNS = (
     ("9b68da8", "0 ms", "0.866", "80 % (80 %)", "0.09 ms (5-95 %: 0-0.95)", "13-81 %"),
     ("a414ed4", "0.37 ms", "0.874", "27 % (81 %)", "0.30 ms (5-95 %: 0-0.97)", "13-81 %"),
 )
+# Committed runs of this method (the tiny-tensor phase, 200 resamples, seed 31): the same
+# columns, from their results.json.
+SAME_METHOD_RUNS = (
+    ("95167fc", "0.63 ms", "0.863", "19 % (80 %)", "0.64 ms (5-95 %: 0.59-0.72)", "17-19 %"),
+)
 
 
 def _history_section(result: dict[str, Any]) -> str:
     spread = result["fit_spread"]
     case = PUBLISHED[0]
     row = _prediction(result, case.label, 25.0, 512)
-    rows = [list(r) for r in EARLIER_RUNS] + [
+    rows = [list(r) for r in EARLIER_RUNS + SAME_METHOD_RUNS] + [
         [
             "this run",
             f"{1000 * result['fit']['lam_seconds']:.2f} ms",
@@ -667,7 +728,9 @@ def _history_section(result: dict[str, Any]) -> str:
     return f"""## The latency term across the committed runs
 
 The same experiment, committed three times from this machine before the latency phase and
-the bootstrap, fitted these (results.json of each commit, `fit`):
+the bootstrap (80bdb59, 9b68da8, a414ed4), then with them ({
+        ", ".join(r[0] for r in SAME_METHOD_RUNS)
+    } and this run, the same method), fitted these (results.json of each commit, `fit`):
 
 {table}
 
@@ -972,18 +1035,30 @@ Whole run {machine["wall_seconds"]:.0f} s wall; load average {
 def runs_from_results(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The probes' runs back from a results.json (its ``allreduce_runs`` and each point's
     repeats in ``measurements``), for ``analyse`` without running a probe."""
+    # ``measurements`` is in run, phase, size order and every phase's sizes ascend, so a phase
+    # is the next rows of its host count and rate up to where the size falls (two phases of
+    # one rate follow each other: the bandwidth-bound sizes at 100 Mbit/s, then the tiny ones).
+    rows = result["measurements"]
+    position = 0
     runs = []
     for run in result["allreduce_runs"]:
         phases = []
         for phase in run["phases"]:
-            sizes = [
-                {"bytes": m["bytes"], "seconds": m["seconds"],
-                 "median_seconds": m["median_seconds"]}
-                for m in result["measurements"]
-                if m["num_hosts"] == run["num_hosts"] and m["mbit"] == phase["mbit"]
-            ]  # fmt: skip
+            sizes: list[dict[str, Any]] = []
+            while (
+                position < len(rows)
+                and rows[position]["num_hosts"] == run["num_hosts"]
+                and rows[position]["mbit"] == phase["mbit"]
+                and (not sizes or rows[position]["bytes"] > sizes[-1]["bytes"])
+            ):
+                row = rows[position]
+                sizes.append({"bytes": row["bytes"], "seconds": row["seconds"],
+                              "median_seconds": row["median_seconds"]})  # fmt: skip
+                position += 1
             phases.append(phase | {"sizes": sizes})
         runs.append(run | {"phases": phases})
+    if position != len(rows):
+        raise ValueError(f"{len(rows) - position} measurements belong to no phase")
     return runs
 
 
