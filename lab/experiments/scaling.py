@@ -1102,8 +1102,9 @@ EXPERIMENT = Experiment(
     name=NAME,
     seed="ResNet-50 8 → 256 GPUs on SLURM; Horovod paper's ~90 % at 512 GPUs",
     measures="ResNet-50 step time and gradient bytes; allreduce time on 2-4 namespaced hosts "
-    "at 1/10/100 Mbit/s and unlimited; fits the ring model and predicts images/s and "
-    "efficiency at 8-512 GPUs on 10/25/100 Gbit/s",
+    "at 1/10/100 Mbit/s and unlimited, and of tiny tensors (4 B-16 kB) for the latency; fits "
+    "the ring model with a bootstrap spread and predicts images/s and efficiency at 8-512 "
+    "GPUs on 10/25/100 Gbit/s",
     full_duration="about 8 minutes on 2 idle cores, 18 at load 12; --quick under 2 minutes",
     datasets=(),
     run=run,
