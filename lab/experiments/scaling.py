@@ -890,6 +890,11 @@ def render(result: dict[str, Any]) -> str:
         else ""
     )
     within = "yes" if result["all_within"] else "**no**"
+    bandwidth_worst = max(
+        abs(r["error"])
+        for r in result["measurements"]
+        if r["mbit"] is not None and not (r["mbit"] == LATENCY_MBIT and r["bytes"] in LATENCY_SIZES)
+    )
     # The 1-minute load averages around the allreduce probes.
     loads = [
         run[key][0] for run in result["allreduce_runs"] for key in ("load_before", "load_after")
@@ -970,6 +975,8 @@ agree with each other; the predictions use eta, the share of a ring of three or 
 - {checked_line}
 - worst error over every rate-limited point, fitted or not:
   **{100 * result["worst_error"]:.1f} %**; all within {100 * result["within"]:.0f} %: {within}
+- of those, the bandwidth-bound ones (all but the tiny tensors): worst **{
+        100 * bandwidth_worst:.1f} %**; the tiny tensors are where the model misses (below)
 - With no rate limit the namespaced hosts are not on a network but on this machine's {
         machine["cores"]
     } shared cores (every segment through the kernel): three or more ranks together move what

@@ -125,3 +125,29 @@ def test_the_committed_fit_is_redone_from_its_own_repeats() -> None:
     for row in spread["efficiency_512"]:
         # The bandwidth-only figure bounds the fitted-latency one in every resample.
         assert row["efficiency"]["high"] <= row["bandwidth_only_efficiency"]["high"]
+
+
+def test_the_report_gives_the_spread_and_says_what_is_modelled() -> None:
+    committed = json.loads(COMMITTED.read_text())
+    report = scaling.render(committed)
+    assert report == (COMMITTED.parent / "report.md").read_text()
+    spread = committed["fit_spread"]
+    lam = spread["lam_seconds"]
+    assert (
+        f"lam {1000 * lam['median']:.3f} ms (5-95 %: {1000 * lam['low']:.3f}-"
+        f"{1000 * lam['high']:.3f})" in report
+    )
+    first = next(
+        r for r in committed["predictions"]
+        if r["gpu"] == scaling.PUBLISHED[0].label and r["gbit"] == 25.0 and r["gpus"] == 512
+    )  # fmt: skip
+    low, high = first["efficiency_spread"]["low"], first["efficiency_spread"]["high"]
+    assert f"{100 * first['efficiency']:.0f} % (5-95 %: {100 * low:.0f}-{100 * high:.0f} %)" in (
+        report
+    )
+    for said in ("**Measured**", "**Quoted**", "**Modelled**", "What this spread is",
+                 "What it is not", "80bdb59", "9b68da8", "a414ed4"):  # fmt: skip
+        assert said in report
+    # One sensitivity row per choice of tiny tensors, the last the method before them.
+    assert len(committed["latency_sensitivity"]) == len(scaling.LATENCY_SIZES) + 1
+    assert committed["latency_sensitivity"][-1]["tiny_sizes_fitted"] == []
