@@ -151,3 +151,17 @@ def test_the_report_gives_the_spread_and_says_what_is_modelled() -> None:
     # One sensitivity row per choice of tiny tensors, the last the method before them.
     assert len(committed["latency_sensitivity"]) == len(scaling.LATENCY_SIZES) + 1
     assert committed["latency_sensitivity"][-1]["tiny_sizes_fitted"] == []
+
+
+def test_a_full_ring_has_no_empty_gloo_segment() -> None:
+    # Gloo cuts a tensor into 2N segments of whole float32 values and skips empty ones.
+    assert not scaling.full_ring(2, 4)  # one value, four segments: three empty
+    assert not scaling.full_ring(4, 16)  # four values, eight segments
+    assert not scaling.full_ring(3, 32)  # eight values in six segments of two: the last empty
+    assert scaling.full_ring(2, 16) and scaling.full_ring(4, 32) and scaling.full_ring(3, 64)
+    for num_ranks in (2, 3, 4):
+        assert all(scaling.full_ring(num_ranks, s) for s in scaling.LATENCY_SIZES[1:])
+        assert not scaling.full_ring(num_ranks, scaling.LATENCY_SIZES[0])
+    # The quick plan fits every tiny tensor it measures (its check is the middle size).
+    quick = [p for p in scaling.QUICK.phases if p.mbit == scaling.LATENCY_MBIT]
+    assert quick and all(scaling.full_ring(2, s) for p in quick for s in p.sizes)
