@@ -727,8 +727,8 @@ EARLIER_RUNS = (
 )
 # Committed runs of this method (the tiny-tensor phase, 200 resamples, seed 31; tensors that
 # leave Gloo segments empty not fitted): the same columns, redone from each results.json's
-# repeats with the command above (95167fc and 5298c23 were committed with their 4 B tensors
-# fitted: lam 0.63 and 0.39 ms, 19 % and 26 %).
+# repeats with the command above (95167fc was committed with its 4 B tensors fitted: lam
+# 0.63 ms, 19 %).
 SAME_METHOD_RUNS = (
     (
         "95167fc (fitted again, 4 B out)",
@@ -737,14 +737,6 @@ SAME_METHOD_RUNS = (
         "10 % (81 %)",
         "1.23 ms (5-95 %: 1.06-1.37)",
         "10-12 %",
-    ),
-    (
-        "5298c23 (fitted again in e3479d3, 4 B out)",
-        "1.36 ms",
-        "0.877",
-        "10 % (81 %)",
-        "1.30 ms (5-95 %: 1.08-1.46)",
-        "9-12 %",
     ),
 )
 
