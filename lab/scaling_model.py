@@ -22,6 +22,9 @@ it on points it was not fitted to, and predict images/s and scaling efficiency f
   ``lam``: a cost per ring step (2(N-1) steps, each a message hop and a wake-up of a rank).
 - ``c``: bytes on the wire per allreduce besides its payload (Horovod's negotiation messages,
   Gloo's headers), which cost time only on a slow link (at 1 Mbit/s, 1 kB is 8 ms).
+- The fit's spread: ``bootstrap`` redoes it on resamples of each point's repeats (drawn with
+  replacement, their median taken), so every coefficient and every prediction made from it has
+  a 5-95 % range (``spread``): the uncertainty the repeats leave, on the machine they ran on.
 - ``machine``: with no rate limit the namespaced hosts are not on a network but on this
   machine's shared CPU cores (every segment through the kernel's stack). Three or more ranks
   together move what the cores can: the time goes with the bytes *all* ranks send,
@@ -86,6 +89,49 @@ class Fit:
 
     def link_share(self, num_ranks: int) -> float | None:
         return self.eta_pair if num_ranks == 2 and self.eta_pair else self.eta
+
+
+@dataclass(frozen=True, kw_only=True)
+class Repeats:
+    """One measured allreduce with every repeat's time: a ``Point`` before its median."""
+
+    num_ranks: int
+    mbit: float | None
+    bytes: int
+    seconds: tuple[float, ...]
+
+    def point(self, seconds: Sequence[float] | None = None) -> Point:
+        """The point of the median of ``seconds`` (default: of every repeat)."""
+        chosen = self.seconds if seconds is None else seconds
+        if len(chosen) == 0:
+            raise ValueError(f"no repeats of {self.bytes} bytes over {self.num_ranks} ranks")
+        return Point(num_ranks=self.num_ranks, mbit=self.mbit, bytes=self.bytes,
+                     seconds=float(np.median(chosen)))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spread:
+    """The median and a percentile range of one figure over bootstrap resamples."""
+
+    median: float
+    low: float
+    high: float
+    low_percent: float = 5.0
+    high_percent: float = 95.0
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+def spread(values: Sequence[float], low_percent: float = 5.0, high_percent: float = 95.0) -> Spread:
+    """Median and ``low_percent``-``high_percent`` range of ``values``."""
+    if not values:
+        raise ValueError("no values to take a spread of")
+    array = np.asarray(values, dtype=float)
+    low, median, high = np.percentile(array, [low_percent, 50.0, high_percent])
+    return Spread(median=float(median), low=float(low), high=float(high),
+                  low_percent=low_percent, high_percent=high_percent)  # fmt: skip
 
 
 def ring_bytes(num_ranks: int, size: float) -> float:
@@ -192,6 +238,25 @@ def fit(points: Sequence[Point]) -> Fit:
         veth_pair=inverse(_VETH_PAIR) if veth_pair_apart else None,
         points=len(points),
     )
+
+
+def bootstrap(measured: Sequence[Repeats], *, resamples: int, seed: int) -> list[Fit]:
+    """The fit redone ``resamples`` times, each on every point's repeats resampled with
+    replacement (as many as it has) and their median taken; ``seed`` fixes the draws. Points
+    measured with no spread between their repeats give the same fit every time."""
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if not measured:
+        raise ValueError("no points to fit")
+    generator = np.random.default_rng(seed)
+    fits = []
+    for _ in range(resamples):
+        points = [
+            m.point(generator.choice(np.asarray(m.seconds), size=len(m.seconds)).tolist())
+            for m in measured
+        ]
+        fits.append(fit(points))
+    return fits
 
 
 def split_for_check(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
