@@ -42,18 +42,10 @@ from prefect.cache_policies import NO_CACHE
 from flows.timed_tasks import failed_task, timed_spec
 from preprocessing.cluster import PlannedRunner, planned_runner
 from preprocessing.config import ClusterConfig
-from preprocessing.driver import PassProgress, Result, TaskSpec
+from preprocessing.driver import PassProgress, Result, TaskSpec, input_bytes
 
 Progress = Callable[[str], None]
 Bar = Callable[[PassProgress], float]
-
-
-def _input_bytes(spec: TaskSpec, result: Result) -> int:
-    """What a task read: its planned bytes, else what it reports (an ingest learns them)."""
-    if spec.bytes:
-        return spec.bytes
-    reported = (result.get("input") or {}).get("bytes", result.get("bytes"))
-    return int(reported) if isinstance(reported, int) else 0
 
 
 class PassTable:
@@ -77,7 +69,7 @@ class PassTable:
         row = {
             "task": spec.key,
             "rows": int(result.get("rows", spec.rows)),
-            "bytes": _input_bytes(spec, result),
+            "bytes": input_bytes(spec, result),
             "reused": "yes" if result.get("reused") else "",
             "seconds": round(seconds, 3),
             "error": "",

@@ -462,6 +462,15 @@ def job_dir(work_root: Path, job: Job) -> Path:
     return work_root / job.work_key
 
 
+def input_bytes(spec: TaskSpec, result: Result) -> int:
+    """What a task read: its planned bytes, else what it reports (an ingest learns them; an
+    SDSS write task reads its piece's segments, whose size the plan does not know)."""
+    if spec.bytes:
+        return spec.bytes
+    reported = (result.get("input") or {}).get("bytes", result.get("bytes"))
+    return int(reported) if isinstance(reported, int) else 0
+
+
 class _PassTally:
     """Counts one pass's finished tasks and reports a :class:`PassProgress` after each; the
     results ``kept`` from earlier versions count as reused tasks, done before the first."""
@@ -493,7 +502,7 @@ class _PassTally:
         self.done += 1
         # The rows the task reports (an ingest learns them), else the rows it was planned for.
         self.rows += int(result.get("rows", spec.rows))
-        self.bytes += spec.bytes
+        self.bytes += input_bytes(spec, result)
         self.reused += bool(result.get("reused"))
         self._report(spec.key, result)
 

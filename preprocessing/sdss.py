@@ -147,9 +147,13 @@ class Piece:
     """What it is, whatever its number: "<sha256 of its raw file>#<row group>"."""
 
 
-def read_piece(piece: Piece) -> pa.Table:
-    table: pa.Table = parquet_file(piece.path).read_row_group(piece.row_group)
-    return table
+def read_piece(piece: Piece) -> tuple[pa.Table, int]:
+    """The piece's rows, and the bytes of its row group in the file (what was read)."""
+    source = parquet_file(piece.path)
+    group = source.metadata.row_group(piece.row_group)
+    read = sum(group.column(i).total_compressed_size for i in range(group.num_columns))
+    table: pa.Table = source.read_row_group(piece.row_group)
+    return table, read
 
 
 def _checks() -> list[tuple[str, str]]:
@@ -438,13 +442,14 @@ def scan_piece(
     recorded = recorded_result(done)
     if recorded is not None and recorded.get("key") == piece.key:
         return {**recorded, "reused": True}
-    table = read_piece(piece)
+    table, read = read_piece(piece)
     scan = scanned(table)
     keys_file = _write_keys(scan, keys_path(work, piece.number))
     result = _write_scan(piece.number, table, scan, fractions, work, stored)
     result["key"] = piece.key
     result["keys"] = str(keys_path(work, piece.number))
     result["keys_file"] = keys_file
+    result["input"] = {"bytes": read}
     record_result(done, result)
     return result
 
@@ -722,7 +727,7 @@ def rescan_piece(
     recorded = recorded_result(done)
     if recorded is not None:
         return {**recorded, "reused": True}
-    table = read_piece(piece)
+    table, read = read_piece(piece)
     scan = scanned(table)
     rows = _duplicate_rows(work, piece.number, buckets)
     # Only good rows' keys went into the buckets.
@@ -730,6 +735,7 @@ def rescan_piece(
     scan.codes[rows] = _REASON_CODE[DUPLICATE]
     result = _write_scan(piece.number, table, scan, fractions, folder, stored)
     result["folder"] = RESCAN_FOLDER
+    result["input"] = {"bytes": read}
     record_result(done, result)
     return result
 
@@ -798,8 +804,11 @@ def write_piece(
     if recorded is not None:
         return {**recorded, "reused": True}
     result: Result = {"piece": number, "files": {}}
+    read = 0
     for split in splits.SPLITS:
-        source = pa.ipc.open_file(pa.memory_map(str(segment_path(folder, number, split))))
+        segment = segment_path(folder, number, split)
+        read += segment.stat().st_size
+        source = pa.ipc.open_file(pa.memory_map(str(segment)))
         rows = source.read_all().combine_chunks()
         if split == "train":
             result["sums"] = feature_sums(rows, feature_columns)
@@ -810,6 +819,8 @@ def write_piece(
             "path": relpath,
             **write_parquet(rows, out / relpath, row_group_size=rows_per_group),
         }
+    # What it read, for the pass's table (its planned bytes are not known before the scan).
+    result["input"] = {"bytes": read}
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("")
     record_result(marker, result)

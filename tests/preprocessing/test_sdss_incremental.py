@@ -223,3 +223,11 @@ def test_the_duplicates_of_a_grown_version_compare_only_the_new_keys(
     # 25 of the first export in z-last.
     assert grown.statistics["quarantine"]["reasons"][duplicate] == 60 + 40 + 5 + 25
     assert "matches" not in scratch.extra["run"]["passes"]  # no earlier version: every key
+
+
+def test_every_pass_that_read_says_how_many_bytes(exports: Path, tmp_path: Path) -> None:
+    """The run's record of each pass (and the pass tables the flows show) counts what its tasks
+    read: the write pass's input, the scans' segments, is known only once they are written."""
+    manifest = _processed(Catalog(tmp_path / "catalog"), exports)
+    passes = manifest.extra["run"]["passes"]
+    assert all(passes[name]["input_bytes"] > 0 for name in ("scan", "write")), passes
