@@ -445,14 +445,14 @@ class PlannedRunner:
         local = self._config.scheduler is None and self._config.cluster == "local"
         self._small = local and planned <= self._config.in_process_bytes
         threads = min(self._config.workers, len(tasks))
-        threaded = local and self._config.in_process_bytes and threads > 1
-        if self._small and not (threaded and all(spec.threads for spec in tasks)):
+        threaded = local and self._config.in_process_bytes and all(s.threads for s in tasks)
+        if self._small and not (threaded and threads > 1):
             self._progress(
                 f"{len(tasks)} tasks reading {planned / 2**20:,.0f} MiB: in this process, "
                 "no cluster started"
             )
             return SerialRunner()
-        if threaded and all(spec.threads for spec in tasks):
+        if threaded:
             # Worker processes would only add their start and imports (about 1.5 CPU-s for
             # two): these tasks run in parallel on threads (docs/preprocessing.md, "Ingest"),
             # a small job's too (a 200,000-row SDSS preprocess: 0.33 s of tasks one after the

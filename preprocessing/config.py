@@ -74,10 +74,10 @@ class ClusterConfig:
     """Seconds to wait for the first worker job to start and join."""
     in_process_bytes: int = IN_PROCESS_BYTES
     """A job whose first pass plans to read at most this many bytes runs its tasks in this
-    process, one after the other, instead of starting a LocalCluster (whose start, workers'
-    imports and stop cost more than the work: docs/preprocessing.md, "Speed"); the same
-    files either way. 0: always start one. Only for a LocalCluster (not --scheduler or
-    slurm)."""
+    process (on ``workers`` threads where a pass's tasks release the GIL, else one after the
+    other) instead of starting a LocalCluster (whose start, workers' imports and stop cost
+    more than the work: docs/preprocessing.md, "Speed"); the same files either way. 0:
+    always start one. Only for a LocalCluster (not --scheduler or slurm)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or self.workers < 1:
