@@ -806,10 +806,9 @@ def write_piece(
     result: Result = {"piece": number, "files": {}}
     read = 0
     for split in splits.SPLITS:
-        segment = segment_path(folder, number, split)
-        read += segment.stat().st_size
-        source = pa.ipc.open_file(pa.memory_map(str(segment)))
-        rows = source.read_all().combine_chunks()
+        mapped = pa.memory_map(str(segment_path(folder, number, split)))
+        read += mapped.size()
+        rows = pa.ipc.open_file(mapped).read_all().combine_chunks()
         if split == "train":
             result["sums"] = feature_sums(rows, feature_columns)
         if rows.num_rows == 0:
@@ -1206,14 +1205,7 @@ class SdssJob:
             relpath = keys_output_path(piece.number)
             stage.adopt(keys_path(str(work), piece.number), relpath)
             if "keys_file" in scan:  # else hashed at the commit
-                keys_file = scan["keys_file"]
-                staged[relpath] = FileEntry(
-                    path=relpath,
-                    bytes=int(keys_file["bytes"]),
-                    sha256=str(keys_file["sha256"]),
-                    rows=None,
-                    row_groups=None,
-                )
+                staged[relpath] = described(relpath, scan["keys_file"])
         outputs: dict[str, dict[str, Any]] = {
             split: entry for split, entry in write["files"].items()
         }

@@ -128,15 +128,19 @@ def write_parquet(table: Any, path: Path, *, row_group_size: int) -> Result:
 
 
 def described(relpath: str, written: Result) -> Any:
-    """The catalog's entry of a file a task wrote, from :func:`write_parquet`'s result."""
+    """The catalog's entry of a file a task wrote, from :func:`write_parquet`'s result (or
+    any {"bytes", "sha256"} a writer hashed; rows and row groups None where it has none)."""
     from data_catalog import FileEntry
+
+    def count(key: str) -> int | None:
+        return None if written.get(key) is None else int(written[key])
 
     return FileEntry(
         path=relpath,
         bytes=int(written["bytes"]),
         sha256=str(written["sha256"]),
-        rows=int(written["rows"]),
-        row_groups=int(written["row_groups"]),
+        rows=count("rows"),
+        row_groups=count("row_groups"),
     )
 
 

@@ -23,11 +23,12 @@ from typing import Any
 
 import fsspec
 
-from data_catalog import Catalog, FileEntry, Manifest, Staging
+from data_catalog import Catalog, Manifest, Staging
 from data_catalog.errors import ShardflowError
 from data_catalog.layout import IdxLayout
 from preprocessing.driver import Results, TaskSpec, run_job, serial_runner
 from preprocessing.fingerprint import stage_code
+from preprocessing.shard_files import described as described_file
 from preprocessing.shard_files import record_result, recorded_result
 from preprocessing.sources import idx, task_progress
 from preprocessing.sources.errors import SourceError
@@ -391,13 +392,7 @@ class IdxJob:
                 decompressed[file.stem] = result["decompressed"]["file"]
             for name, made in copies:
                 stage.adopt(work / name, name)
-                described[name] = FileEntry(
-                    path=name,
-                    bytes=int(made["bytes"]),
-                    sha256=str(made["sha256"]),
-                    rows=rows,
-                    row_groups=None,
-                )
+                described[name] = described_file(name, {**made, "rows": rows, "row_groups": None})
         manifest: Manifest = stage.commit(
             code_version=stage_code(__name__),
             sources=[
