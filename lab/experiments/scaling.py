@@ -211,17 +211,8 @@ def _measure_allreduce(sizing: Sizing, pipeline: Pipeline) -> list[dict[str, Any
 
 
 def _points(runs: list[dict[str, Any]]) -> list[scaling_model.Point]:
-    return [
-        scaling_model.Point(
-            num_ranks=run["num_hosts"],
-            mbit=phase["mbit"],
-            bytes=size["bytes"],
-            seconds=size["median_seconds"],
-        )
-        for run in runs
-        for phase in run["phases"]
-        for size in phase["sizes"]
-    ]
+    """Every point at the median of its repeats (the probe's ``median_seconds``)."""
+    return [repeats.point() for repeats in _repeats(runs)]
 
 
 def _repeats(runs: list[dict[str, Any]]) -> list[scaling_model.Repeats]:
