@@ -221,6 +221,14 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
         found = {r["label"]: r[key] for r in rows if r["num_ranks"] == num_ranks}
         return [found.get(label) for label in labels]
 
+    def spread(num_ranks: int) -> list[tuple[float, float] | None]:
+        found = {
+            r["label"]: (r["test_accuracy_min"], r["test_accuracy_max"])
+            for r in rows
+            if r["num_ranks"] == num_ranks and "test_accuracy_min" in r
+        }
+        return [found.get(label) for label in labels]
+
     accuracy = grouped_bars(
         out / "accuracy.png",
         groups=labels,
@@ -228,9 +236,10 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
             **{f"{n} rank{'s' * (n > 1)}": by_ranks("test_accuracy", n) for n in RANKS},
             "paper": [case.paper_accuracy for case in CASES],
         },
-        title="Test accuracy: shardflow on 1 and 2 ranks vs the paper",
+        title="Test accuracy, mean and min-max over seeds: 1 and 2 ranks vs the paper",
         ylabel="test accuracy",
         ylim=(0.0, 1.05),
+        spread={f"{n} rank{'s' * (n > 1)}": spread(n) for n in RANKS},
     )
     speed = grouped_bars(
         out / "iterations_per_second.png",

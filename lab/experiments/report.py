@@ -28,8 +28,10 @@ def grouped_bars(
     title: str,
     ylabel: str,
     ylim: tuple[float, float] | None = None,
+    spread: dict[str, Sequence[tuple[float, float] | None]] | None = None,
 ) -> Path:
-    """A PNG of bars: one cluster per group, one bar per series (None: no bar)."""
+    """A PNG of bars: one cluster per group, one bar per series (None: no bar); ``spread``
+    draws each bar's (low, high) over its runs (seeds) as an error bar where given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,6 +44,18 @@ def grouped_bars(
         shown = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None]
         bars = axes.bar([x for x, _ in shown], [v for _, v in shown], width, label=label)
         axes.bar_label(bars, fmt="%.3g", fontsize=7)
+        ranges = (spread or {}).get(label)
+        if ranges is not None:
+            marked = [(x, v, r) for x, v, r in zip(xs, values, ranges, strict=True) if v and r]
+            axes.errorbar(
+                [x for x, _v, _r in marked],
+                [v for _x, v, _r in marked],
+                yerr=[[v - r[0] for _x, v, r in marked], [r[1] - v for _x, v, r in marked]],
+                fmt="none",
+                ecolor="black",
+                capsize=3,
+                linewidth=1,
+            )
     axes.set_xticks(range(len(groups)), list(groups))
     axes.set_ylabel(ylabel)
     axes.set_title(title)
