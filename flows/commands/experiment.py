@@ -142,7 +142,7 @@ def cmd_experiment(ctx: Context, args: argparse.Namespace) -> int:
 
     chosen = experiment(args.experiment)
     out = Path(args.out or ctx.settings.home / "results" / chosen.name).expanduser().resolve()
-    request = ExperimentRequest(out=out, quick=args.quick, epochs=args.epochs)
+    request = ExperimentRequest(out=out, quick=args.quick, epochs=args.epochs, seeds=args.seeds)
     sources = {d: getattr(args, f"{d.replace('-', '_')}_source") for d in chosen.datasets}
     _quiet_libraries(ctx)
     work = ctx.settings.work_dir / "experiments" / chosen.name
@@ -215,6 +215,15 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--epochs",
         type=whole_number,
         help="epochs of every training run (default: the experiment's; fewer with --quick)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=whole_number,
+        default=1,
+        metavar="N",
+        help="train every row with seeds 0 .. N-1 and report each figure as the mean with its "
+        "min-max over them (and error bars in the plots): N times the run's time (default: 1; "
+        "horovod-vs-ray always runs its own 3, scaling has no training seed)",
     )
     for dataset in sorted({d for item in EXPERIMENTS.values() for d in item.datasets}):
         default = {

@@ -31,12 +31,23 @@ class ExperimentRequest:
     """Tiny subsets and one epoch: the code paths, not the paper's numbers."""
     epochs: int | None = None
     """Epochs of every training run; None: the experiment's own choice (1 when ``quick``)."""
+    seeds: int = 1
+    """Each row trained with seeds 0 .. seeds-1 and reported as the mean with its spread
+    (:func:`lab.experiments.report.folded`); experiments with seeds of their own (horovod-vs-ray)
+    keep theirs."""
 
     def __post_init__(self) -> None:
-        if self.epochs is not None and (
-            not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1
-        ):
-            raise ConfigError("epochs", f"must be a whole number of at least 1, got {self.epochs}")
+        for name in ("epochs", "seeds"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ConfigError(name, f"must be a whole number of at least 1, got {value}")
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The seeds every row is trained with."""
+        return list(range(self.seeds))
 
 
 # What an experiment reads of the stages' results. The flows layer defines the results

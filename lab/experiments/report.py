@@ -4,6 +4,7 @@ results.json."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,38 @@ def write_results(out: Path, result: dict[str, Any], report: str) -> dict[str, A
     result = {**result, "report": str(out / "report.md"), "results": str(out / "results.json")}
     (out / "results.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
     return result
+
+
+def folded(runs: Sequence[dict[str, Any]], measures: Sequence[str]) -> dict[str, Any]:
+    """One table row of the same configuration trained with several seeds (``runs``, each a
+    row with its ``seed``): the first run's row, each of ``measures`` replaced by its mean over
+    the runs, with ``<measure>_by_seed``, ``_min``, ``_max`` and ``_sd`` (the sample standard
+    deviation; 0 for one run) beside it; ``seeds`` lists the seeds and, where the runs name
+    their model versions, ``model_versions`` lists them (``model_version`` stays the first).
+    A measure a run lacks (None) is left out of its mean."""
+    if not runs:
+        raise ValueError("no runs to fold")
+    row = dict(runs[0])
+    row["seeds"] = [int(r.get("seed", i)) for i, r in enumerate(runs)]
+    row.pop("seed", None)
+    if all("model_version" in r for r in runs):
+        row["model_versions"] = [r["model_version"] for r in runs]
+    for key in measures:
+        values = [float(r[key]) for r in runs if r.get(key) is not None]
+        if not values:
+            continue
+        row[key] = statistics.fmean(values)
+        row[f"{key}_by_seed"] = [r.get(key) for r in runs]
+        row[f"{key}_min"] = min(values)
+        row[f"{key}_max"] = max(values)
+        row[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    return row
+
+
+def with_spread(row: dict[str, Any], key: str, fmt: str = ".4f") -> str:
+    """``row[key]`` as text: one run's value, or the mean with its min-max over the seeds."""
+    value = row[key]
+    if f"{key}_min" not in row or len(row.get("seeds", [])) < 2:
+        return format(value, fmt)
+    low, high = format(row[f"{key}_min"], fmt), format(row[f"{key}_max"], fmt)
+    return f"{format(value, fmt)} ({low}-{high})"

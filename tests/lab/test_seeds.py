@@ -1,0 +1,43 @@
+"""Rows over seeds: ``shardflow experiment --seeds N`` reports each figure as the mean with its
+spread, and a wrong count is one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from data_catalog.errors import ConfigError
+from lab.experiments import ExperimentRequest
+from lab.experiments.report import folded, with_spread
+
+
+def test_a_row_over_seeds_is_the_mean_with_its_spread() -> None:
+    runs = [
+        {"seed": 0, "test_accuracy": 0.90, "train_seconds": 10.0, "model_version": "m@a"},
+        {"seed": 1, "test_accuracy": 0.94, "train_seconds": 14.0, "model_version": "m@b"},
+        {"seed": 2, "test_accuracy": 0.92, "train_seconds": None, "model_version": "m@c"},
+    ]
+    row = folded(runs, ["test_accuracy", "train_seconds"])
+    assert row["seeds"] == [0, 1, 2]
+    assert row["test_accuracy"] == pytest.approx(0.92)
+    assert (row["test_accuracy_min"], row["test_accuracy_max"]) == (0.90, 0.94)
+    assert row["test_accuracy_sd"] == pytest.approx(0.02)
+    assert row["test_accuracy_by_seed"] == [0.90, 0.94, 0.92]
+    assert row["train_seconds"] == pytest.approx(12.0)  # the run without it is left out
+    assert row["model_versions"] == ["m@a", "m@b", "m@c"] and row["model_version"] == "m@a"
+    assert "seed" not in row
+    assert with_spread(row, "test_accuracy") == "0.9200 (0.9000-0.9400)"
+
+
+def test_one_seed_is_one_value_without_a_spread() -> None:
+    row = folded([{"seed": 0, "test_accuracy": 0.5}], ["test_accuracy"])
+    assert row["test_accuracy_sd"] == 0.0
+    assert with_spread(row, "test_accuracy") == "0.5000"
+
+
+@pytest.mark.parametrize("seeds", [0, -1, True])
+def test_seeds_must_be_a_whole_number_of_at_least_one(seeds: int) -> None:
+    with pytest.raises(ConfigError, match="seeds"):
+        ExperimentRequest(out=Path("x"), seeds=seeds)
+    assert ExperimentRequest(out=Path("x"), seeds=3).seed_list == [0, 1, 2]
