@@ -73,6 +73,6 @@ def test_models_datasets_quick_writes_report_plots_and_model_versions(
         assert row["model_version"] in report
     assert "synthetic" in report
     assert "not comparable (synthetic data)" in report
-    assert "one seed each: no spread" in report
+    assert "under 3 seeds: no spread to read" in report
     assert str(real_mnist) in report
     assert "(accuracy.png)" in report

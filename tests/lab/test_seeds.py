@@ -41,3 +41,21 @@ def test_seeds_must_be_a_whole_number_of_at_least_one(seeds: int) -> None:
     with pytest.raises(ConfigError, match="seeds"):
         ExperimentRequest(out=Path("x"), seeds=seeds)
     assert ExperimentRequest(out=Path("x"), seeds=3).seed_list == [0, 1, 2]
+
+
+def test_models_datasets_reports_each_row_over_its_seeds() -> None:
+    """The committed report's rows are means over seeds 0-2: rendered with their min-max and
+    no warning; a row of one seed brings the warning back."""
+    import json
+
+    from lab.experiments import models_datasets
+
+    committed = Path(__file__).parents[2] / "docs" / "results" / "models-datasets"
+    result = json.loads((committed / "results.json").read_text())
+    report = models_datasets.render(result)
+    assert "0.9483 (0.9420-0.9540)" in report  # ResNet50 + MNIST on 1 rank, seeds 0, 1, 2
+    assert "no spread to read" not in report
+    result["rows"][0] = folded(
+        [{**result["rows"][0], "seed": 0, "test_accuracy": 0.9}], ["test_accuracy"]
+    )
+    assert "**1 of these 6 rows are under 3 seeds" in models_datasets.render(result)
