@@ -31,6 +31,9 @@ def test_ranks_time_quick_trains_on_1_2_and_4_hosts(
 
     rows = result["rows"]
     assert [r["num_ranks"] for r in rows] == [1, 2, 4]
+    # One seed by default: each row is its one run, kept under "runs".
+    assert [(r["num_ranks"], r["seed"]) for r in result["runs"]] == [(1, 0), (2, 0), (4, 0)]
+    assert all(r["seeds"] == [0] for r in rows)
     for row in rows:
         assert row["epochs"] == 2
         assert row["seconds_per_epoch"] > 0
