@@ -1,7 +1,8 @@
 """A training split grown for ``shardflow bench storage``: as many rows as a cold-cache run
 needs (five times the memory limit), made from a processed version's real training images,
 optionally at another size (224x224x3: ImageNet-size samples), in the processed layout the
-ranks read (Parquet, an ``image`` binary column and a ``label``, equal row groups).
+ranks read (Parquet, an ``image`` binary column and a ``label``, equal row groups, in the
+encodings the processed writer uses: ``preprocessing.shard_files.encodings``).
 
 Every row group is a seeded transform of real images, never an unchanged copy: resized
 (bilinear) when asked, shifted by up to 2 pixels (16 at 224), mirrored where the source is
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from preprocessing.shard_files import encodings
 from training.input import InputSpec, as_url, row_group_chunks
 
 # Underscored: readers (petastorm, training.row_groups) take it for metadata, not data.
@@ -63,6 +65,9 @@ def _request(source: str, rows: int, rows_per_group: int, shape: tuple[int, ...]
         "rows": rows,
         "rows_per_group": rows_per_group,
         "image_shape": list(shape),
+        # The processed writer's encodings (images plain since images writer 3): a folder
+        # grown before them is grown again.
+        "encodings": "shard_files",
     }
 
 
@@ -104,7 +109,9 @@ def grow_split(
         if group % GROUPS_PER_FILE == 0:
             if writer is not None:
                 writer.close()
-            writer = pq.ParquetWriter(out / f"part-{group // GROUPS_PER_FILE:05d}.parquet", schema)
+            writer = pq.ParquetWriter(
+                out / f"part-{group // GROUPS_PER_FILE:05d}.parquet", schema, **encodings(schema)
+            )
         picks = rng.integers(0, len(images), rows_per_group)
         dy, dx = 0, 0
         while not (dy or dx):

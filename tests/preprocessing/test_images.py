@@ -67,6 +67,13 @@ def test_splits_hold_every_record_once_with_its_pixels(
         metadata = pq.read_metadata(part)
         sizes = {metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)}
         assert sizes == {stats["train"]["rows_per_group"]}
+        # Images plain (each is its own value: a dictionary only copies it again), labels in
+        # a dictionary (images writer 3, docs/preprocessing.md "Parquet encodings").
+        names = metadata.schema.names
+        for i in range(metadata.num_row_groups):
+            group = metadata.row_group(i)
+            assert not group.column(names.index("image")).has_dictionary_page
+            assert group.column(names.index("label")).has_dictionary_page
     assert stats["train"]["num_row_groups"] % 8 == 0
     # Pixels and labels are the source's.
     pixels = idx.read_records(source / "train-images-idx3-ubyte.gz")
