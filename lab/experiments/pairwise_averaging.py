@@ -703,9 +703,10 @@ EXPERIMENT = Experiment(
     "pairwise (gossip) weight averaging every 1 and 2 steps on Horovod process sets: bytes "
     "per step on the veth links (beside the ring model), iterations, test accuracy; "
     "iterations pairwise needs to come within 1 point",
-    full_duration="about 8 minutes on 2 otherwise idle cores, 40 at load 12 (3,000 "
-    "Fashion-MNIST images, N = 2, 3, 4, 6, 3 epochs, each pairwise cadence again at 6 when "
-    "short); --quick 1-3 minutes (N = 3: K = 1, 2, pairwise every 1, 2)",
+    full_duration="about 8 minutes a seed on 2 otherwise idle cores (31 with --seeds 3), 40 "
+    "a seed at load 12 (3,000 Fashion-MNIST images, N = 2, 3, 4, 6, 3 epochs, each pairwise "
+    "cadence again at 6 when short); --quick 1-3 minutes a seed (N = 3: K = 1, 2, pairwise "
+    "every 1, 2)",
     datasets=(DATASET,),
     run=run,
 )
