@@ -7,13 +7,15 @@ gradients and averages its weights with one rotating partner every step, or ever
 each pairwise cadence again with more epochs until it comes within one point of allreduce's
 test accuracy. Bytes are measured on
 each rank's link (its eth0 counters at epoch boundaries, Horovod's control loop subtracted),
-beside the ring model's prediction; accuracy is on the full test split.
+beside the ring model's prediction; accuracy is on the full test split. Every configuration
+is trained once per seed of ``--seeds`` and reported as the mean with its min-max over them.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,15 @@ from lab.experiments.base import (
     TrainedModel,
     run_metrics,
 )
-from lab.experiments.report import grouped_bars, markdown_table, write_results
-from lab.netns import rank_hosts
-from training.config import TrainConfig
+from lab.experiments.report import (
+    folded,
+    grouped_bars,
+    markdown_table,
+    with_spread,
+    write_results,
+)
+from lab.netns import RankHosts, rank_hosts
+from training.config import LaunchConfig, TrainConfig
 
 NAME = "pairwise-averaging"
 DATASET = "fashion-mnist"
@@ -58,6 +66,18 @@ RANK_MULTIPLE = 12
 ACCURACY_GAP = 0.01
 # Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12 per frame (docs/cluster.md).
 HEADER_BYTES = 66
+# What varies from one seed's run to the next: each row reports their mean over the seeds with
+# min, max and sd (report.folded). The ring model's bytes are metered payloads, the same every
+# seed, folded all the same (an sd of 0 shows it).
+MEASURES = (
+    "bytes_per_step_per_rank",
+    "bytes_per_step_without_headers",
+    "predicted_bytes_per_step_per_rank",
+    "total_bytes_all_ranks",
+    "final_average_bytes_per_rank",
+    "test_accuracy",
+    "train_seconds",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,9 +97,10 @@ class Variant:
         return f"pairwise every {self.average_every}{more}"
 
 
-def train_config(variant: Variant, num_ranks: int, epochs: int) -> TrainConfig:
-    """One run of ``num_ranks`` ranks, all else equal."""
+def train_config(variant: Variant, num_ranks: int, epochs: int, seed: int = 0) -> TrainConfig:
+    """One run of ``num_ranks`` ranks with ``seed``, all else equal."""
     return TrainConfig(
+        seed=seed,
         num_ranks=num_ranks,
         epochs=epochs * variant.epoch_factor,
         batch_size=BATCH_SIZE,
@@ -121,8 +142,8 @@ def _wire(trained: TrainedModel) -> dict[str, Any]:
     }
 
 
-def row_of(variant: Variant, trained: TrainedModel) -> dict[str, Any]:
-    """One line of the table: measured and predicted bytes, iterations, accuracy."""
+def row_of(variant: Variant, trained: TrainedModel, seed: int = 0) -> dict[str, Any]:
+    """One seed's run: measured and predicted bytes, iterations, accuracy."""
     metrics = run_metrics(trained)
     num_ranks = trained.num_ranks
     steps = trained.steps_per_epoch
@@ -148,6 +169,7 @@ def row_of(variant: Variant, trained: TrainedModel) -> dict[str, Any]:
     per_rank = sum(wire["per_epoch_by_rank"]) / num_ranks
     return {
         "variant": variant.label,
+        "seed": seed,
         "sync": variant.sync,
         "num_ranks": num_ranks,
         "passes": variant.passes,
@@ -172,6 +194,22 @@ def row_of(variant: Variant, trained: TrainedModel) -> dict[str, Any]:
     }
 
 
+def folded_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One line of the table: one configuration's runs (one per seed) folded, each of
+    :data:`MEASURES` their mean with its spread; the ratio measured / model is the ratio of the
+    means, and the bytes of each rank the mean over the seeds."""
+    row = folded(runs, MEASURES)
+    predicted = row["predicted_bytes_per_step_per_rank"]
+    row["measured_over_predicted"] = (
+        row["bytes_per_step_per_rank"] / predicted if predicted else None
+    )
+    row["bytes_per_step_by_rank"] = [
+        sum(values) / len(values)
+        for values in zip(*(r["bytes_per_step_by_rank"] for r in runs), strict=True)
+    ]
+    return row
+
+
 def within_gap(row: dict[str, Any], reference: dict[str, Any]) -> bool:
     """Whether ``row``'s accuracy is within :data:`ACCURACY_GAP` of ``reference``'s (or above)."""
     return bool(row["test_accuracy"] >= reference["test_accuracy"] - ACCURACY_GAP)
@@ -179,7 +217,8 @@ def within_gap(row: dict[str, Any], reference: dict[str, Any]) -> bool:
 
 def recovery(rows: list[dict[str, Any]], num_ranks: int, every: int = 1) -> dict[str, Any]:
     """For ``num_ranks``: the iterations pairwise averaging every ``every`` steps needed to
-    come within one point of allreduce (K = 1), or that it did not within the runs made."""
+    come within one point of allreduce (K = 1), or that it did not within the runs made (the
+    means over the seeds compared, their min-max beside them)."""
     reference = next(
         r for r in rows if r["num_ranks"] == num_ranks and r["sync"] == "allreduce" and
         r["passes"] == 1
@@ -199,9 +238,11 @@ def recovery(rows: list[dict[str, Any]], num_ranks: int, every: int = 1) -> dict
         "num_ranks": num_ranks,
         "average_every": every,
         "allreduce_accuracy": reference["test_accuracy"],
+        "allreduce_accuracy_range": _range(reference, "test_accuracy"),
         "allreduce_iterations": reference["iterations"],
         "pairwise_iterations_tried": [r["iterations"] for r in pairwise],
         "pairwise_accuracies": [r["test_accuracy"] for r in pairwise],
+        "pairwise_accuracy_ranges": [_range(r, "test_accuracy") for r in pairwise],
         "iterations_needed": reached["iterations"] if reached else None,
         "bytes_needed_all_ranks": reached["total_bytes_all_ranks"] if reached else None,
         "allreduce_bytes_all_ranks": reference["total_bytes_all_ranks"],
@@ -222,38 +263,48 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         synthetic_rows=0,
         rank_multiple=RANK_MULTIPLE,
     )
+    seeds = request.seed_list
     rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+
+    def configuration(
+        variant: Variant, num_ranks: int, launch: LaunchConfig, hosts: RankHosts
+    ) -> None:
+        """``variant`` on ``num_ranks`` once per seed: its runs, and their row."""
+        mine = []
+        for seed in seeds:
+            pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}, seed {seed}")
+            config = train_config(variant, num_ranks, epochs, seed)
+            mine.append(row_of(variant, pipeline.train(DATASET, config, launch, on=hosts), seed))
+        runs.extend(mine)
+        rows.append(folded_row(mine))
+
     with tempfile.TemporaryDirectory(prefix="shardflow-pairwise-") as folder:
         pipeline.progress(f"{NAME}: {max(ranks)} namespaced hosts with sshd, and a head")
         with rank_hosts(max(ranks), Path(folder) / "ssh") as hosts:
             # The most ranks first: the longest start-up and the most process sets fail early.
             for num_ranks in sorted(ranks, reverse=True):
                 launch = hosts.launch_config(num_ranks)
-                variants = [Variant(sync="allreduce", passes=k) for k in passes]
-                for variant in variants:
-                    pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}")
-                    trained = pipeline.train(
-                        DATASET, train_config(variant, num_ranks, epochs), launch, on=hosts
-                    )
-                    rows.append(row_of(variant, trained))
-                reference = rows[-len(variants)]
+                for k in passes:
+                    configuration(Variant(sync="allreduce", passes=k), num_ranks, launch, hosts)
+                reference = rows[-len(passes)]
                 for every in AVERAGE_EVERY:
                     for factor in factors:
                         variant = Variant(sync="pairwise", average_every=every, epoch_factor=factor)
-                        pipeline.progress(f"{NAME}: N={num_ranks}, {variant.label}")
-                        trained = pipeline.train(
-                            DATASET, train_config(variant, num_ranks, epochs), launch, on=hosts
-                        )
-                        rows.append(row_of(variant, trained))
+                        configuration(variant, num_ranks, launch, hosts)
+                        # More epochs only while the mean over the seeds is short of allreduce's.
                         if within_gap(rows[-1], reference):
                             break
     rows.sort(key=lambda r: r["num_ranks"])  # stable: the run order within each N
+    runs.sort(key=lambda r: r["num_ranks"])
     recoveries = [recovery(rows, n, every) for n in ranks for every in AVERAGE_EVERY]
     plots = _plots(request.out, rows)
     result = {
         "experiment": NAME,
         "quick": quick,
+        "seeds": seeds,
         "rows": rows,
+        "runs": runs,
         "recovery": recoveries,
         "epochs": epochs,
         "cores": len(os.sched_getaffinity(0)),
@@ -263,14 +314,34 @@ def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
         "processed_version": prepared.processed_version,
         "summary": [
             f"N={r['num_ranks']} {r['variant']}: {r['iterations']} iterations, "
-            f"{r['bytes_per_step_per_rank'] / 1e6:.3f} MB/step/rank (predicted "
+            f"{_mb(r, 'bytes_per_step_per_rank', '.3f')} MB/step/rank (predicted "
             f"{r['predicted_bytes_per_step_per_rank'] / 1e6:.3f}), test accuracy "
-            f"{r['test_accuracy']:.4f}, {r['model_version']}"
+            f"{with_spread(r, 'test_accuracy')}, seeds {_seeds(r)}, {r['model_version']}"
             for r in rows
         ],
         "plots": [str(p) for p in plots],
     }
     return write_results(request.out, result, render(result))
+
+
+def _mb(row: dict[str, Any], key: str, fmt: str, scale: float = 1e6) -> str:
+    """``row[key]`` over ``scale`` (bytes to MB), as :func:`with_spread` gives it."""
+    scaled = {"seeds": row["seeds"]}
+    for suffix in ("", "_min", "_max"):
+        if key + suffix in row:
+            scaled[key + suffix] = row[key + suffix] / scale
+    return with_spread(scaled, key, fmt)
+
+
+def _seeds(row: dict[str, Any]) -> str:
+    return ", ".join(str(s) for s in row["seeds"])
+
+
+def _range(row: dict[str, Any], key: str, scale: float = 1.0) -> tuple[float, float] | None:
+    """The min-max of ``row[key]`` over its seeds (None for one seed)."""
+    if len(row["seeds"]) < 2:
+        return None
+    return row[f"{key}_min"] / scale, row[f"{key}_max"] / scale
 
 
 def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
@@ -290,9 +361,18 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
         colour = colours[ranks.index(row["num_ranks"]) % len(colours)]
         more = row["sync"] == "pairwise" and row["epochs"] > rows[0]["epochs"]
         marker = markers.get(row["variant"], cadence.get(row["average_every"], "^"))
-        axes.scatter(row["total_bytes_all_ranks"] / 1e6, 100 * row["test_accuracy"],
-                     color=colour, marker=marker, s=50,
+        x, y = row["total_bytes_all_ranks"] / 1e6, 100 * row["test_accuracy"]
+        axes.scatter(x, y, color=colour, marker=marker, s=50,
                      facecolors="none" if more else colour)  # fmt: skip
+        across, up = _range(row, "total_bytes_all_ranks", 1e6), _range(row, "test_accuracy", 0.01)
+        if across and up:
+            # The mean's min-max over the seeds, and each seed a dot.
+            axes.errorbar(x, y, xerr=[[x - across[0]], [across[1] - x]],
+                          yerr=[[y - up[0]], [up[1] - y]], color=colour, linewidth=0.8,
+                          capsize=2)  # fmt: skip
+            axes.scatter([b / 1e6 for b in row["total_bytes_all_ranks_by_seed"]],
+                         [100 * a for a in row["test_accuracy_by_seed"]], color=colour,
+                         s=6, alpha=0.6)  # fmt: skip
     for n in ranks:
         axes.scatter([], [], color=colours[ranks.index(n) % len(colours)], label=f"N={n}")
     for label, marker in [
@@ -304,7 +384,12 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     axes.set_xscale("log")
     axes.set_xlabel("network bytes, all ranks, whole run (MB, measured on veth)")
     axes.set_ylabel("test accuracy (%)")
-    axes.set_title("Network bytes vs accuracy")
+    seeds = len(rows[0]["seeds"])
+    axes.set_title(
+        f"Network bytes vs accuracy: mean, min-max and each of {seeds} seeds"
+        if seeds > 1
+        else "Network bytes vs accuracy (one seed)"
+    )
     axes.legend(fontsize=7, ncol=2)
     figure.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
@@ -320,6 +405,16 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
 
     measured = series("bytes_per_step_per_rank")
     predicted = series("predicted_bytes_per_step_per_rank")
+    by_row = {(r["num_ranks"], r["variant"]): r for r in rows}
+    spread: dict[str, Sequence[tuple[float, float] | None]] = {
+        f"{label} measured": [
+            _range(by_row[n, label], "bytes_per_step_per_rank", 1e6)
+            if (n, label) in by_row
+            else None
+            for n in ranks
+        ]
+        for label in labels
+    }
     bars = grouped_bars(
         out / "bytes_per_step.png",
         groups=[f"N={n}" for n in ranks],
@@ -327,8 +422,9 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
             **{f"{k} measured": v for k, v in measured.items()},
             **{f"{k} ring model": v for k, v in predicted.items()},
         },
-        title="Bytes sent per step per rank: measured on veth vs ring model",
+        title="MB per step per rank: measured (min-max over seeds) vs ring model",
         ylabel="MB per step per rank",
+        spread=spread,
     )
     return [scatter, bars]
 
@@ -404,6 +500,40 @@ def _every_step_cut(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _percent(accuracy: float, spread: Sequence[float] | None) -> str:
+    """An accuracy in per cent, with its min-max over the seeds where there are several."""
+    if not spread:
+        return f"{100 * accuracy:.2f} %"
+    return f"{100 * accuracy:.2f} % ({100 * spread[0]:.2f}-{100 * spread[1]:.2f})"
+
+
+def _seed_note(rows: list[dict[str, Any]]) -> str:
+    """How many seeds each row is over, and how far its accuracy spread."""
+    seeds = rows[0]["seeds"]
+    if len(seeds) < 2:
+        return (
+            "One seed per configuration (seed 0; `--seeds N` trains each with seeds 0..N-1): "
+            "no spread, so differences of a few tenths of a point are within run-to-run noise "
+            "(10,000 test images: a standard error of about 0.35 points at 85 %)."
+        )
+    widths = [100 * (r["test_accuracy_max"] - r["test_accuracy_min"]) for r in rows]
+    sds = [100 * r["test_accuracy_sd"] for r in rows]
+    wire = [
+        (r["bytes_per_step_per_rank_max"] - r["bytes_per_step_per_rank_min"])
+        / r["bytes_per_step_per_rank"]
+        for r in rows
+    ]
+    return (
+        f"Every row is the mean over {len(seeds)} seeds ({_seeds(rows[0])}: the training seed "
+        "of every rank, `TrainConfig.seed`), its min-max in brackets, each seed's value and "
+        "the sd in results.json (`rows`; each seed's own row under `runs`). The test accuracy "
+        f"spread (max - min) over the seeds is {min(widths):.2f}-{max(widths):.2f} points "
+        f"across the rows (sd {min(sds):.2f}-{max(sds):.2f}); the bytes per step measured, by "
+        f"at most {100 * max(wire):.1f} % of their mean. Ratios (measured / model, "
+        "pairwise / allreduce, whole-run bytes) and the 1-point test compare the means."
+    )
+
+
 def render(result: dict[str, Any]) -> str:
     """report.md: the table in the paper's shape, the ring model beside it, the recovery."""
     rows = result["rows"]
@@ -413,12 +543,14 @@ def render(result: dict[str, Any]) -> str:
             "sync / passes",
             "epochs",
             "iterations",
+            "seeds",
             "MB/step/rank measured",
             "MB/step/rank ring model",
             "measured / model",
             "MB all ranks, whole run",
             "test accuracy",
-            "model version",
+            "train s",
+            "model versions (by seed)",
         ],
         [
             [
@@ -428,12 +560,14 @@ def render(result: dict[str, Any]) -> str:
                 else f"pairwise every {r['average_every']}",
                 r["epochs"],
                 r["iterations"],
-                round(r["bytes_per_step_per_rank"] / 1e6, 3),
+                _seeds(r),
+                _mb(r, "bytes_per_step_per_rank", ".3f"),
                 round(r["predicted_bytes_per_step_per_rank"] / 1e6, 3),
                 round(r["measured_over_predicted"], 3) if r["measured_over_predicted"] else "-",
-                round(r["total_bytes_all_ranks"] / 1e6, 1),
-                round(r["test_accuracy"], 4),
-                f"`{r['model_version']}`",
+                _mb(r, "total_bytes_all_ranks", ".1f"),
+                with_spread(r, "test_accuracy"),
+                with_spread(r, "train_seconds", ".1f"),
+                ", ".join(f"`{v}`" for v in r.get("model_versions", [r["model_version"]])),
             ]
             for r in rows
         ],
@@ -441,9 +575,12 @@ def render(result: dict[str, Any]) -> str:
     recovery_lines = []
     for rec in result["recovery"]:
         tried = ", ".join(
-            f"{i} iterations: {100 * a:.2f} %"
-            for i, a in zip(
-                rec["pairwise_iterations_tried"], rec["pairwise_accuracies"], strict=True
+            f"{i} iterations: {_percent(a, spread)}"
+            for i, a, spread in zip(
+                rec["pairwise_iterations_tried"],
+                rec["pairwise_accuracies"],
+                rec.get("pairwise_accuracy_ranges") or [None] * len(rec["pairwise_accuracies"]),
+                strict=True,
             )
         )
         if rec["iterations_needed"] is not None:
@@ -456,9 +593,10 @@ def render(result: dict[str, Any]) -> str:
         else:
             verdict = "**not within 1 point** in the iterations tried"
         every = rec.get("average_every", 1)
+        allreduce = _percent(rec["allreduce_accuracy"], rec.get("allreduce_accuracy_range"))
         recovery_lines.append(
             f"- N={rec['num_ranks']}, pairwise every {every}: allreduce "
-            f"{100 * rec['allreduce_accuracy']:.2f} % after {rec['allreduce_iterations']} "
+            f"{allreduce} after {rec['allreduce_iterations']} "
             f"iterations; pairwise {tried}: {verdict}"
         )
     fewer = []
@@ -485,8 +623,8 @@ def render(result: dict[str, Any]) -> str:
 The MNIST `cnn` on {result["source"]} (processed `{result["processed_version"]}`), N workers,
 each a namespaced host of its own (one Horovod rank, Gloo over its veth link, horovodrun in a
 head host over ssh), batch {BATCH_SIZE} per rank, {result["epochs"]} epochs unless more are
-said. Accuracy: the committed model version on the whole test split ({rows[0]["test_rows"]:,}
-images).
+said; every row trained with seeds {_seeds(rows[0])} (the mean, min-max in brackets).
+Accuracy: the committed model version on the whole test split ({rows[0]["test_rows"]:,} images).
 
 - **allreduce K=1**: gradients averaged over all ranks every step (Horovod's
   DistributedOptimizer); **K=2, K=4**: local aggregation (`--backward-passes-per-step`), one
@@ -515,17 +653,19 @@ S per rank per average, E times fewer averages every E steps, and with N odd eac
 out one round in N. "Whole run": all
 ranks, every epoch (broadcast included), plus the closing average for pairwise.
 
-Pairwise against allreduce, bytes per step per rank (measured):
+Pairwise against allreduce, bytes per step per rank (measured; ratios of the means over the
+seeds):
 
 {chr(10).join(fewer)}
 
-Iterations pairwise averaging needed to come within 1 point of allreduce K=1's accuracy:
+Iterations pairwise averaging needed to come within 1 point of allreduce K=1's accuracy (the
+means over the seeds compared; min-max in brackets):
 
 {chr(10).join(recovery_lines)}
 
 So pairwise exchange cut the bytes of each exchange ({_every_step_cut(rows)}), but
 the accuracy it lost had to be bought back with more iterations, and in all it sent (whole run,
-all ranks, to within 1 point of allreduce K=1):
+all ranks, to within 1 point of allreduce K=1; means over the seeds):
 
 {chr(10).join(_total_bytes_lines(result))}
 
@@ -548,8 +688,7 @@ all ranks, to within 1 point of allreduce K=1):
   fewer exchanges cost accuracy at equal iterations, and more iterations buy it back.
 - {result["cores"]} CPU cores shared by all ranks (no GPU); a veth bridge instead of a
   network. Times are not compared, bytes and accuracy are.
-- One seed per configuration: differences of a few tenths of a point are within run-to-run
-  noise (10,000 test images: a standard error of about 0.35 points at 85 %).
+- {_seed_note(rows)}
 - The learning rate is scaled by N and warmed up over the first epoch in every variant (Adam,
   0.001 per rank); pairwise ranks take steps of one rank's batch at that rate.
 - A subset of the training images (evenly spread over the 60,000) keeps the 2-6 rank runs
@@ -564,9 +703,10 @@ EXPERIMENT = Experiment(
     "pairwise (gossip) weight averaging every 1 and 2 steps on Horovod process sets: bytes "
     "per step on the veth links (beside the ring model), iterations, test accuracy; "
     "iterations pairwise needs to come within 1 point",
-    full_duration="about 8 minutes on 2 otherwise idle cores, 40 at load 12 (3,000 "
-    "Fashion-MNIST images, N = 2, 3, 4, 6, 3 epochs, each pairwise cadence again at 6 when "
-    "short); --quick 1-3 minutes (N = 3: K = 1, 2, pairwise every 1, 2)",
+    full_duration="about 8 minutes a seed on 2 otherwise idle cores (31 with --seeds 3), 40 "
+    "a seed at load 12 (3,000 Fashion-MNIST images, N = 2, 3, 4, 6, 3 epochs, each pairwise "
+    "cadence again at 6 when short); --quick 1-3 minutes a seed (N = 3: K = 1, 2, pairwise "
+    "every 1, 2)",
     datasets=(DATASET,),
     run=run,
 )

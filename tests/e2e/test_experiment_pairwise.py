@@ -42,6 +42,9 @@ def test_pairwise_quick_sends_fewer_bytes_per_step_than_allreduce_at_three_worke
     out = shardflow_home / "results" / "pairwise-averaging"
     assert Path(result["report"]) == out / "report.md"
     assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
+    # One seed by default: each row is its one run, kept under "runs" with its seed.
+    assert [r["seed"] for r in result["runs"]] == [0] * len(result["rows"])
+    assert all(r["seeds"] == [0] for r in result["rows"])
     assert {Path(p).name for p in result["plots"]} == {
         "bytes_vs_accuracy.png",
         "bytes_per_step.png",
