@@ -620,7 +620,7 @@ def render(result: dict[str, Any]) -> str:
     )
     return f"""# Backward passes x network bytes x accuracy (seed: iterative pair-wise averaging)
 {quick}
-The small `cnn` (built for MNIST-size images) on {result["source"]} (processed `{result["processed_version"]}`), N workers,
+The `cnn` on {result["source"]} (processed `{result["processed_version"]}`), N workers,
 each a namespaced host of its own (one Horovod rank, Gloo over its veth link, horovodrun in a
 head host over ssh), batch {BATCH_SIZE} per rank, {result["epochs"]} epochs unless more are
 said; every row trained with seeds {_seeds(rows[0])} (the mean, min-max in brackets).
