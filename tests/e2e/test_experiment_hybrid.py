@@ -58,19 +58,31 @@ def test_hybrid_parallel_quick_compares_the_variants_on_the_same_ranks(
     out = shardflow_home / "results" / "hybrid-parallel"
     assert Path(result["report"]) == out / "report.md"
     assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
-    assert {Path(p).name for p in result["plots"]} == {"epoch_seconds.png", "memory_per_device.png"}
+    assert {Path(p).name for p in result["plots"]} == {
+        "epoch_seconds.png",
+        "test_accuracy.png",
+        "memory_per_device.png",
+    }
     for plot in result["plots"]:
         assert Path(plot).read_bytes()[:8] == PNG_MAGIC
     assert result["data"]["synthetic"] is True
 
     rows = {(r["variant"], r["num_ranks"]): r for r in result["rows"]}
     assert sorted(rows) == [("data-parallel", 2), ("hybrid", 2)]
+    # The default of one seed: each row is its one run (kept under "runs").
+    assert result["seeds"] == [0]
+    assert [(r["variant"], r["seed"]) for r in result["runs"]] == [
+        ("data-parallel", 0),
+        ("hybrid", 0),
+    ]
     data_parallel, hybrid = rows["data-parallel", 2], rows["hybrid", 2]
     for row in rows.values():
         assert row["epochs"] == 1
         assert row["epoch_seconds_steady"] > 0
         assert 0.0 <= row["test_accuracy"] <= 1.0
-        assert [r["peak_rss_bytes"] > 0 for r in row["memory_by_rank_measured"]] == [True, True]
+        assert row["seeds"] == [0]
+        (measured,) = row["memory_by_rank_measured_by_seed"]
+        assert [r["peak_rss_bytes"] > 0 for r in measured] == [True, True]
         # The ranks kept CPU allocator statistics (the experiment asks for a BFC allocator).
         assert row["allocator_peak_bytes_per_rank"] > 0
     # One device holds the whole model; the hybrid's two hold a part each.
@@ -108,3 +120,4 @@ def test_hybrid_parallel_quick_compares_the_variants_on_the_same_ranks(
     assert "7,250 s" in report and "1,451 s" in report  # the paper's figures beside ours
     assert "modelled" in report
     assert "(epoch_seconds.png)" in report and "(memory_per_device.png)" in report
+    assert "(test_accuracy.png)" in report
