@@ -223,7 +223,7 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="train every row with seeds 0 .. N-1 and report each figure as the mean with its "
         "min-max over them (and error bars in the plots): N times the run's time (default: 1; "
-        "horovod-vs-ray always runs its own 3, scaling has no training seed)",
+        "horovod-vs-ray runs 3 unless given more; scaling trains no model and takes none)",
     )
     for dataset in sorted({d for item in EXPERIMENTS.values() for d in item.datasets}):
         default = {

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from data_catalog.errors import ConfigError
 from lab import scaling_model
 from lab.allreduce_probe import Phase, run_on
 from lab.experiments.base import Experiment, ExperimentRequest, Pipeline
@@ -403,6 +404,12 @@ def _predictions(fit: scaling_model.Fit) -> list[dict[str, Any]]:
 
 def run(request: ExperimentRequest, pipeline: Pipeline) -> dict[str, Any]:
     """Measure compute and allreduce here, fit, check, predict; the report into ``request.out``."""
+    if request.seeds > 1:
+        raise ConfigError(
+            "seeds",
+            "does not apply to scaling, which trains no model: its spread is the bootstrap over "
+            "each point's repeats (fit_spread in results.json); run it without --seeds",
+        )
     sizing = QUICK if request.quick else FULL
     started, load_start = time.monotonic(), _load()
     compute = _measure_compute(sizing, pipeline)

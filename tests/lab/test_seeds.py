@@ -4,6 +4,7 @@ spread, and a wrong count is one line."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from lab.experiments.report import folded, with_spread
 
 
 def test_a_row_over_seeds_is_the_mean_with_its_spread() -> None:
-    runs = [
+    runs: list[dict[str, Any]] = [
         {"seed": 0, "test_accuracy": 0.90, "train_seconds": 10.0, "model_version": "m@a"},
         {"seed": 1, "test_accuracy": 0.94, "train_seconds": 14.0, "model_version": "m@b"},
         {"seed": 2, "test_accuracy": 0.92, "train_seconds": None, "model_version": "m@c"},
@@ -59,3 +60,12 @@ def test_models_datasets_reports_each_row_over_its_seeds() -> None:
         [{**result["rows"][0], "seed": 0, "test_accuracy": 0.9}], ["test_accuracy"]
     )
     assert "**1 of these 6 rows are under 3 seeds" in models_datasets.render(result)
+
+
+def test_scaling_refuses_seeds_before_it_starts_anything(tmp_path: Path) -> None:
+    """scaling trains no model: --seeds is refused in one line, before any host starts."""
+    from lab.experiments import scaling
+
+    with pytest.raises(ConfigError, match="does not apply to scaling"):
+        scaling.run(ExperimentRequest(out=tmp_path / "out", seeds=2), pipeline=None)  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
