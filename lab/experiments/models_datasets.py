@@ -20,7 +20,13 @@ from lab.experiments.base import (
     Sample,
     TrainedModel,
 )
-from lab.experiments.report import folded, grouped_bars, markdown_table, write_results
+from lab.experiments.report import (
+    folded,
+    grouped_bars,
+    markdown_table,
+    with_spread,
+    write_results,
+)
 from training.config import TrainConfig
 
 NAME = "models-datasets"
@@ -268,16 +274,6 @@ def _plots(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     return [accuracy, speed]
 
 
-def _accuracy(row: dict[str, Any]) -> str:
-    """The test accuracy: one seed's, or the mean with the min-max over seeds."""
-    if "test_accuracy_min" not in row:
-        return f"{row['test_accuracy']:.4f}"
-    return (
-        f"{row['test_accuracy']:.4f} ({row['test_accuracy_min']:.4f}-"
-        f"{row['test_accuracy_max']:.4f})"
-    )
-
-
 def _beside(row: dict[str, Any]) -> str:
     why = row.get("not_comparable_because", "synthetic data" if row["synthetic"] else "")
     if why:
@@ -342,7 +338,7 @@ def render_real_sdss(block: dict[str, Any]) -> str:
                 r["num_ranks"],
                 r["epochs"],
                 ", ".join(str(x) for x in r["seeds"]),
-                _accuracy(r),
+                with_spread(r, "test_accuracy"),
                 f"{r['test_accuracy_sd']:.4f}",
                 round(r["train_seconds"], 1),
                 " / ".join(f"{x:.1f}" for x in r["load_average_before"]),
@@ -404,7 +400,7 @@ def render(result: dict[str, Any]) -> str:
                 "/".join(f"{x:.1f}" for x in r.get("load_average", [])) or "—",
                 round(r["iterations_per_second"], 2),
                 ", ".join(str(x) for x in r.get("seeds", [0])),
-                _accuracy(r),
+                with_spread(r, "test_accuracy"),
                 r["paper_accuracy"],
                 _beside(r),
                 f"`{r['dataset_version']}`",

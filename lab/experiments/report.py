@@ -47,7 +47,11 @@ def grouped_bars(
         axes.bar_label(bars, fmt="%.3g", fontsize=7)
         ranges = (spread or {}).get(label)
         if ranges is not None:
-            marked = [(x, v, r) for x, v, r in zip(xs, values, ranges, strict=True) if v and r]
+            marked = [
+                (x, v, r)
+                for x, v, r in zip(xs, values, ranges, strict=True)
+                if v is not None and r is not None
+            ]
             axes.errorbar(
                 [x for x, _v, _r in marked],
                 [v for _x, v, _r in marked],
