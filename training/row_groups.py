@@ -10,6 +10,14 @@ reader threads: pq.ParquetFile.read_row_group, decode (pyarrow and numpy release
 (inputs, labels) per row group: the pixels a view of the Parquet page buffer, no copy
 ```
 
+A split larger than the memory that could cache it (the host's, or the memory cgroup's the
+rank runs in) is read with direct I/O (:func:`direct_io_wanted`): each row group's column
+chunks in one ``O_DIRECT`` read into memory of the reader's own, which pyarrow decodes in
+place. Through the page cache every byte was copied once more, out of the cache, and on a
+data set that cannot stay cached the kernel spent as much again reclaiming the pages it had
+just filled (ImageNet-size images in a 2.7 GiB cgroup: 2.06 CPU-seconds per decoded GB
+against 1.6-1.75 outside it).
+
 petastorm 0.13.1 hands a rank the same row groups in the same order, but waits on its
 ventilator by polling (``workers_pool/dummy_pool.py`` sleeps 0.1 s when no result is ready):
 about 89 % of a rank's epoch went to those sleeps (issue #30). Reading the row groups here
@@ -20,10 +28,13 @@ readers to that.
 from __future__ import annotations
 
 import functools
+import mmap
+import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -81,11 +92,196 @@ class SplitFiles:
     groups: tuple[RowGroup, ...]
     metadata: dict[str, Any]
     """Each file's Parquet footer, read once."""
+    nbytes: int = 0
+    """The files' bytes (local files; 0 on other file systems)."""
 
     def open(self, path: str) -> pq.ParquetFile:
         if self.filesystem is None:
             return pq.ParquetFile(path, metadata=self.metadata[path])
         return pq.ParquetFile(self.filesystem.open(path, "rb"), metadata=self.metadata[path])
+
+    def read_direct(self, group: RowGroup, columns: Sequence[str]) -> pa.Table:
+        """``columns`` of ``group``, their column chunks read in one ``O_DIRECT`` request
+        (local files only: :func:`direct_io_wanted`)."""
+        metadata = self.metadata[group.path]
+        start, end = _chunk_span(metadata.row_group(group.index), columns)
+        span = _DirectSpan(group.path, start, end)
+        try:
+            parquet = pq.ParquetFile(pa.PythonFile(span, mode="r"), metadata=metadata)
+            table = parquet.read_row_group(group.index, columns=list(columns), use_threads=False)
+            del parquet
+        finally:
+            span.close()
+        return table
+
+
+# O_DIRECT wants the file offset, the length and the memory aligned to the device's logical
+# block; 4 KiB covers every block size Linux uses for it, and mmap's memory is page-aligned.
+_DIRECT_ALIGN = 4096
+
+
+def _chunk_span(row_group: Any, columns: Sequence[str]) -> tuple[int, int]:
+    """The byte range of a row group's column chunks of ``columns`` (top-level names)."""
+    wanted = set(columns)
+    starts, ends = [], []
+    for j in range(row_group.num_columns):
+        chunk = row_group.column(j)
+        if chunk.path_in_schema.split(".", 1)[0] not in wanted:
+            continue
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+            start = min(start, chunk.dictionary_page_offset)
+        starts.append(start)
+        ends.append(start + chunk.total_compressed_size)
+    if not starts:
+        raise ValueError(f"the row group has none of the columns {sorted(wanted)}")
+    return min(starts), max(ends)
+
+
+class _DirectSpan:
+    """A read-only file object over one byte span of a file, read at once with ``O_DIRECT``
+    into page-aligned memory; ``read`` hands out views of that memory (pyarrow's PythonFile
+    wraps them without copying). Reads outside the span are refused: the footer comes from
+    the metadata read before."""
+
+    def __init__(self, path: str, start: int, end: int) -> None:
+        self.size = os.path.getsize(path)
+        self.first = start - start % _DIRECT_ALIGN
+        length = -(-(end - self.first) // _DIRECT_ALIGN) * _DIRECT_ALIGN
+        self._memory = _MEMORY.take(length)
+        descriptor = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            got = 0
+            view = memoryview(self._memory)
+            while self.first + got < end:
+                n = os.preadv(descriptor, [view[got:]], self.first + got)
+                if n <= 0:
+                    raise OSError(f"{path}: short read at byte {self.first + got} of {end}")
+                got += n
+            view.release()
+        finally:
+            os.close(descriptor)
+        self._view = memoryview(self._memory)[: min(got, end - self.first)]
+        self.last = self.first + len(self._view)
+        self.position = 0
+        self.closed = False
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.position = {0: 0, 1: self.position, 2: self.size}[whence] + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, nbytes: int = -1) -> memoryview:
+        if nbytes < 0:
+            nbytes = self.size - self.position
+        if self.position < self.first or self.position + nbytes > self.last:
+            raise OSError(
+                f"read of bytes {self.position}-{self.position + nbytes} outside the span "
+                f"{self.first}-{self.last} read directly"
+            )
+        begin = self.position - self.first
+        self.position += nbytes
+        return self._view[begin : begin + nbytes]
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Done with the span: its memory goes back to the pool for the next row group,
+        unless something still holds a view of it (pyarrow decoded values in place)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._view.release()
+        _MEMORY.give(self._memory)
+
+
+class _MemoryPool:
+    """Page-aligned memory for direct reads, kept from one row group to the next: fresh
+    memory costs a page fault and a zeroed page per 4 KiB, which is about what reading through
+    the page cache cost (measured: per-row-group mmaps made direct reads dearer than buffered
+    ones)."""
+
+    STEP = 4 * 1024 * 1024
+    KEPT = READERS + READ_AHEAD + 2
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._free: list[mmap.mmap] = []
+
+    def take(self, nbytes: int) -> mmap.mmap:
+        with self._lock:
+            for i, memory in enumerate(self._free):
+                if len(memory) >= nbytes:
+                    return self._free.pop(i)
+        return mmap.mmap(-1, -(-nbytes // self.STEP) * self.STEP)
+
+    def give(self, memory: mmap.mmap) -> None:
+        try:
+            # Refused while a view of the memory is alive (mmap counts its exports).
+            memory.resize(len(memory))
+        except BufferError:
+            return  # freed with the last view
+        with self._lock:
+            if len(self._free) < self.KEPT:
+                self._free.append(memory)
+                return
+        memory.close()
+
+
+_MEMORY = _MemoryPool()
+
+
+def cache_memory() -> int:
+    """Bytes of page cache this process could hold at most: the host's memory, or its memory
+    cgroup's limit when lower (v2's ``memory.max``, v1's ``memory.limit_in_bytes``)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limits = [total]
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return total
+    for line in lines:
+        _id, controllers, path = line.split(":", 2)
+        if controllers == "":
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"
+        elif "memory" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            text = candidate.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    return min(limits)
+
+
+def direct_io_wanted(files: SplitFiles, memory: int | None = None) -> bool:
+    """Whether to read ``files`` with direct I/O: local files larger than the page cache
+    could hold (``memory``, default :func:`cache_memory`), which every epoch would only
+    evict again, on a file system that takes ``O_DIRECT`` (tmpfs does not)."""
+    if files.filesystem is not None or not files.groups:
+        return False
+    if files.nbytes <= (cache_memory() if memory is None else memory):
+        return False
+    try:
+        descriptor = os.open(files.groups[0].path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    os.close(descriptor)
+    return True
 
 
 def _data_file(name: str) -> bool:
@@ -116,6 +312,7 @@ def split_files(url: str | tuple[str, ...]) -> SplitFiles:
         ]
     paths = sorted(paths)
     fs = None if local else filesystem
+    nbytes = sum(os.path.getsize(p) for p in paths) if fs is None else 0
     metadata: dict[str, Any] = {}
     groups: list[RowGroup] = []
     for path in paths:
@@ -128,7 +325,7 @@ def split_files(url: str | tuple[str, ...]) -> SplitFiles:
         groups += [
             RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)
         ]
-    return SplitFiles(filesystem=fs, groups=tuple(groups), metadata=metadata)
+    return SplitFiles(filesystem=fs, groups=tuple(groups), metadata=metadata, nbytes=nbytes)
 
 
 def _hidden(part: str) -> bool:
@@ -215,17 +412,24 @@ def read_groups(
     columns: Sequence[str] | None = None,
     readers: int = READERS,
     ahead: int = READ_AHEAD,
+    direct: bool | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """(inputs, labels) of the row groups ``order`` names (indexes into ``files.groups``), in
     that order, each read and decoded by one of ``readers`` threads up to ``ahead`` groups
-    before it is handed over. Closing the iterator cancels what was not read yet."""
+    before it is handed over; with direct I/O when ``direct`` (None: when
+    :func:`direct_io_wanted`). Closing the iterator cancels what was not read yet."""
     wanted = list(columns or spec.columns)
+    if direct is None:
+        direct = direct_io_wanted(files)
 
     def read(i: int) -> tuple[Any, Any]:
         group = files.groups[i]
-        table = files.open(group.path).read_row_group(
-            group.index, columns=wanted, use_threads=False
-        )
+        if direct:
+            table = files.read_direct(group, wanted)
+        else:
+            table = files.open(group.path).read_row_group(
+                group.index, columns=wanted, use_threads=False
+            )
         return decode(table, spec)
 
     if readers <= 0:

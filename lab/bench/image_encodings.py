@@ -33,8 +33,9 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def read_cold(folder: Path, steps: int) -> dict[str, float]:
-    """One cold epoch of ``steps`` batches of 256 from ``folder``; its rates."""
+def read_cold(folder: Path, steps: int, direct: bool | None = None) -> dict[str, float]:
+    """One cold epoch of ``steps`` batches of 256 from ``folder``; its rates. ``direct``: the
+    reader's direct I/O (None: its own choice)."""
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
     files = sorted(folder.glob("*.parquet"))
@@ -52,6 +53,7 @@ def read_cold(folder: Path, steps: int) -> dict[str, float]:
         steps=steps,
         shuffle_buffer=512,
         record=record,
+        direct=direct,
     )
     for _batch in batches:
         pass

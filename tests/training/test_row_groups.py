@@ -5,6 +5,7 @@ and so the same batches out of ``epoch_batches``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,16 @@ from preprocessing.driver import run_locally
 from preprocessing.images import plan_job
 from preprocessing.plan import PlanConfig
 from tests.conftest import ingest_random_mnist
-from training.input import READERS, InputSpec, as_url, epoch_batches, epoch_seed, load_split
-from training.row_groups import binary_pixels, split_files
+from training.input import (
+    READERS,
+    InputSpec,
+    as_url,
+    epoch_batches,
+    epoch_seed,
+    load_split,
+    row_group_chunks,
+)
+from training.row_groups import binary_pixels, cache_memory, direct_io_wanted, split_files
 
 ROWS = 1_500
 
@@ -160,3 +169,71 @@ def test_pixels_are_a_view_of_the_column_and_odd_lengths_are_refused() -> None:
     assert not pixels.flags.owndata
     with pytest.raises(ValueError, match="not all 4 bytes"):
         binary_pixels(pa.array([b"abc", b"defgh"], pa.binary()), 4)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "petastorm"])
+def test_direct_io_reads_the_same_rows_as_the_page_cache(
+    image_splits: dict[str, tuple[str, InputSpec]], fmt: str
+) -> None:
+    url, spec = image_splits[fmt]
+    plan = {"rank": 0, "num_ranks": 2, "seed": 5}
+    buffered = [
+        (np.array(x), np.array(y)) for x, y in row_group_chunks(url, spec, direct=False, **plan)
+    ]
+    direct = [
+        (np.array(x), np.array(y)) for x, y in row_group_chunks(url, spec, direct=True, **plan)
+    ]
+    assert sum(len(y) for _x, y in direct) > 0
+    _same(direct, buffered)
+
+
+def test_direct_io_is_chosen_only_for_local_splits_larger_than_the_cache(
+    image_splits: dict[str, tuple[str, InputSpec]],
+) -> None:
+    files = split_files(image_splits["parquet"][0])
+    paths = {group.path for group in files.groups}
+    assert files.nbytes == sum(Path(path).stat().st_size for path in paths)
+    assert direct_io_wanted(files, memory=files.nbytes - 1)
+    assert not direct_io_wanted(files, memory=files.nbytes)
+    assert not direct_io_wanted(files)  # this host's memory holds a test's split
+    assert 0 < cache_memory() <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_large_rows_are_gathered_one_by_one_into_the_same_batches(tmp_path: Path) -> None:
+    """Rows of 24 KB take the row-by-row gather (one copy each); rows of 768 bytes the window's
+    concatenation; both give the batches of ``x[permutation]``."""
+    rng = np.random.default_rng(4)
+    shapes = {"large": [64, 128, 3], "small": [16, 16, 3]}
+    for name, shape in shapes.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        rows = 700
+        pixels = rng.integers(0, 256, (rows, int(np.prod(shape))), dtype=np.uint8)
+        table = pa.table({"image": [p.tobytes() for p in pixels], "label": np.arange(rows) % 10})
+        pq.write_table(table, directory / "part-0.parquet", row_group_size=60)
+        spec = InputSpec(kind="images", format="parquet", image_shape=shape)
+        got = list(
+            epoch_batches(
+                as_url(directory),
+                spec,
+                rank=0,
+                num_ranks=1,
+                seed=2,
+                epoch=3,
+                batch_size=32,
+                steps=20,
+                shuffle_buffer=100,
+            )
+        )
+        assert sum(len(y) for _x, y in got) == 20 * 32
+        by_label_row = {int(i): pixels[i].reshape(shape) for i in range(rows)}
+        seen = set()
+        for x, y in got:
+            assert x.ctypes.data % 64 == 0 and x.flags.c_contiguous
+            for image, label in zip(x, y, strict=True):
+                # Labels are i % 10: find the row among those with that label.
+                same = range(int(label), rows, 10)
+                match = [i for i in same if np.array_equal(by_label_row[i], image)]
+                assert len(match) == 1
+                seen.add(match[0])
+        assert len(seen) == 20 * 32  # no row twice
