@@ -66,7 +66,7 @@ from preprocessing.sources import idx
 from preprocessing.statistics import normalization_of
 
 # Bumped when the bytes this module writes change for the same input and parameters.
-WRITER_VERSION = 3
+WRITER_VERSION = 4
 
 DEFAULT_VALIDATION_FRACTION = 0.05
 

@@ -65,9 +65,9 @@ def _request(source: str, rows: int, rows_per_group: int, shape: tuple[int, ...]
         "rows": rows,
         "rows_per_group": rows_per_group,
         "image_shape": list(shape),
-        # The processed writer's encodings (images plain since images writer 3): a folder
-        # grown before them is grown again.
-        "encodings": "shard_files",
+        # The processed writer's encodings (images plain since images writer 3, not
+        # compressed since 4): a folder grown before them is grown again.
+        "encodings": "shard_files, images writer 4",
     }
 
 

@@ -1,6 +1,7 @@
 """Images stored plain or in a dictionary, read cold by one rank's reader, side by side.
 
     python -m lab.bench.image_encodings PLAIN_DIR DICT_DIR [--rounds 3] [--steps 150]
+        [--names plain,dictionary] [--direct]
 
 Both folders hold the same training rows (224x224x3 images and labels in row groups of 128):
 PLAIN_DIR as the processed writer stores them since images writer 3 (``shard_files.encodings``:
@@ -10,7 +11,9 @@ reader ``training.input.epoch_batches`` (the epoch's order, the reader threads, 
 window of 512 rows, batches of 256), after ``sync`` and ``drop_caches`` (root): rows/s, MB/s of
 files and of decoded pixels, CPU-seconds per decoded GB, and the load average. Read both
 folders once before (``cat DIR/* > /dev/null``) where the disk's host may cache what was read
-recently, so that neither side starts with an advantage the guest cannot drop.
+recently, so that neither side starts with an advantage the guest cannot drop. Any two such
+folders compare alike (``--names``: images writer 4's uncompressed pixels against snappy's,
+``--direct``: both read with ``O_DIRECT``, as a split larger than memory is).
 """
 
 from __future__ import annotations
@@ -82,11 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dictionary", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument(
+        "--names", default="plain,dictionary", help="the two folders' names in the output"
+    )
+    parser.add_argument(
+        "--direct", action="store_true", help="both sides read with direct I/O (O_DIRECT)"
+    )
     args = parser.parse_args(argv)
-    sides = {"plain": args.plain, "dictionary": args.dictionary}
+    first, second = args.names.split(",")
+    sides = {first: args.plain, second: args.dictionary}
     for number in range(args.rounds):
         for name in sides if number % 2 == 0 else reversed(sides):
-            got = read_cold(sides[name], args.steps)
+            got = read_cold(sides[name], args.steps, direct=True if args.direct else None)
             print(
                 f"round {number + 1} {name:10s} rows/s {got['rows_per_second']:7,.0f}  "
                 f"files {got['file_mb_s']:5.0f} MB/s  decoded {got['decoded_mb_s']:5.0f} MB/s  "

@@ -67,13 +67,15 @@ def test_splits_hold_every_record_once_with_its_pixels(
         metadata = pq.read_metadata(part)
         sizes = {metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)}
         assert sizes == {stats["train"]["rows_per_group"]}
-        # Images plain (each is its own value: a dictionary only copies it again), labels in
-        # a dictionary (images writer 3, docs/preprocessing.md "Parquet encodings").
+        # Images plain (each is its own value: a dictionary only copies it again) and not
+        # compressed (snappy cost more CPU than it saved bytes), labels in a dictionary,
+        # snappy (images writers 3 and 4, docs/preprocessing.md "Parquet encodings").
         names = metadata.schema.names
         for i in range(metadata.num_row_groups):
             group = metadata.row_group(i)
-            assert not group.column(names.index("image")).has_dictionary_page
-            assert group.column(names.index("label")).has_dictionary_page
+            image, label = group.column(names.index("image")), group.column(names.index("label"))
+            assert not image.has_dictionary_page and image.compression == "UNCOMPRESSED"
+            assert label.has_dictionary_page and label.compression == "SNAPPY"
     assert stats["train"]["num_row_groups"] % 8 == 0
     # Pixels and labels are the source's.
     pixels = idx.read_records(source / "train-images-idx3-ubyte.gz")
