@@ -561,8 +561,8 @@ def _failure_message(
     rank = re.search(r"Process name: (\S+)", text)
     code = re.search(r"Exit code: (-?\d+)", text)
     if rank and code:
-        name = rank.group(1)
-        own = [line for line in tail if line.startswith(f"[{name}]<")]
+        name, exit_code = _first_to_fail(tail, rank.group(1), int(code.group(1)))
+        own = _own_lines(tail, name)
         waited = next((m for line in own if (m := _GLOO_TIMEOUT.search(line))), None)
         if waited is not None:
             seconds = int(waited.group(1)) / 1000
@@ -577,7 +577,6 @@ def _failure_message(
                 f"{seconds:.0f} s (HOROVOD_GLOO_TIMEOUT_SECONDS) and {runner} stopped every "
                 "rank; rerun with --resume to continue from the last checkpoint"
             )
-        exit_code = int(code.group(1))
         how = f"exit code {exit_code}"
         if exit_code > 128 or exit_code < 0:
             number = exit_code - 128 if exit_code > 128 else -exit_code
@@ -610,3 +609,63 @@ def _failure_message(
 # A Python exception's last line, as a rank prints it: "[0]<stderr>:ValueError: ..." (a
 # dotted class name too, "tensorflow....UnknownError: ...").
 _ERROR_LINE = re.compile(r"(?:^|:)\s*((?:\w+\.)*\w+(?:Error|Exception|Interrupt): .*)$")
+
+
+def _own_lines(tail: list[str], rank: str) -> list[str]:
+    """What ``rank`` printed, as horovodrun prefixes it: "[1]<stderr>:...". Horovod's Spark
+    runner prefixes the Spark task's index instead, the rank on one host: a local master, the
+    only one whose ranks print to the runner's output (a cluster's print to executor logs)."""
+    return [line for line in tail if line.startswith(f"[{rank}]<")]
+
+
+# A rank's words when it ended because a peer was gone (killed, or ended by its own error):
+# Gloo's, and Horovod's once its background loop has stopped.
+_PEER_GONE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|HorovodInternalError"
+    r"|Horovod has been shut down"
+)
+# How a rank ended, from the most to the least to blame (_first_to_fail).
+_KILLED, _OWN_ERROR, _STOPPED, _PEER_LOST = range(4)
+
+
+def _how_it_ended(exit_code: int, own: list[str]) -> int:
+    """``_KILLED`` (a signal but SIGTERM or SIGINT, which no runner sends: the rank died on its
+    own or something outside killed it), ``_STOPPED`` (SIGTERM or SIGINT: what a runner or a
+    user stopping the run sends), ``_PEER_LOST`` (``own`` lines say a peer was gone: Gloo's
+    "Connection closed by peer", a HorovodInternalError, a Gloo timeout) or ``_OWN_ERROR`` (its
+    own error, or one we cannot see)."""
+    number = exit_code - 128 if exit_code > 128 else -exit_code
+    if number in (signal.SIGTERM, signal.SIGINT):
+        return _STOPPED
+    if exit_code > 128 or exit_code < -1:  # -1: Horovod lost the task's answer, not a signal
+        return _KILLED
+    if any(_PEER_GONE.search(line) or _GLOO_TIMEOUT.search(line) for line in own):
+        return _PEER_LOST
+    return _OWN_ERROR
+
+
+def _first_to_fail(tail: list[str], named: str, exit_code: int) -> tuple[str, int]:
+    """The rank to blame and its exit code: the runner's choice (``named``, ``exit_code``)
+    unless ``tail`` holds every rank's exit code (training.spark prints them) and another rank
+    ended in a way more to blame (:func:`_how_it_ended`); among equals, the runner's choice,
+    else the first it learned of.
+
+    Horovod's Spark runner names the rank whose exit code it learned first, polling each once a
+    second: a rank that only exited because its peer was killed may be named. A rank stopped
+    by SIGTERM is blamed only when no rank failed on its own: a runner sends SIGTERM to the
+    rest once one has failed.
+    """
+    from training.spark import RANK_EXIT_PREFIX
+
+    ends = (
+        re.match(rf"{re.escape(RANK_EXIT_PREFIX)}(\d+) exit code (-?\d+)$", line) for line in tail
+    )
+    failed = {m.group(1): int(m.group(2)) for m in ends if m and m.group(2) != "0"}
+    if named not in failed:
+        return named, exit_code
+    how = {rank: _how_it_ended(code, _own_lines(tail, rank)) for rank, code in failed.items()}
+    best = min(how.values())
+    if how[named] == best:
+        return named, exit_code
+    first = next(rank for rank in failed if how[rank] == best)
+    return first, failed[first]

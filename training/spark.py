@@ -25,6 +25,10 @@ What Horovod 0.28.1's Spark runner needs here that it does not do itself:
 - **A start that cannot happen.** With fewer task slots than ranks the runner waits
   ``start_timeout`` (600 s by default) for the missing tasks; here it is
   :data:`START_SECONDS`, and a master that cannot be reached fails as one line.
+- **Which rank failed.** The runner blames the rank whose exit code it learned first, and it
+  learns each one by polling that rank's task service once a second: a rank that exited because
+  its peer was killed may be learned first. Here every rank's exit code is printed
+  (:data:`RANK_EXIT_PREFIX`), for the launcher to name the rank that died first.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from data_catalog.errors import ShardflowError
 
@@ -53,6 +58,9 @@ STOP_GRACE_SECONDS = 5.0
 WATCH_SECONDS = 1.0
 # Printed before the one line that says why the Spark run failed, for the launcher to find.
 FAILURE_PREFIX = "spark launcher failed: "
+# Printed once a rank has ended, with its rank and exit code ("spark launcher: rank 1 exit code
+# 137"), in the order the runner learned them, for the launcher to find.
+RANK_EXIT_PREFIX = "spark launcher: rank "
 # The environment the ranks get from here (beside the Spark task's own): what shardflow, TF
 # and Horovod read. Secrets stay in the credentials file (training.credentials).
 FORWARDED = ("PYTHONPATH", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL")
@@ -158,10 +166,46 @@ def _session(master: str, num_ranks: int) -> object:
     return session
 
 
+def rank_exit_line(rank: int, exit_code: int) -> str:
+    """The line that says rank ``rank`` ended with ``exit_code``."""
+    return f"{RANK_EXIT_PREFIX}{rank} exit code {exit_code}"
+
+
+def _report_rank_exits() -> None:
+    """Make Horovod's Spark runner print each rank's exit code (:func:`rank_exit_line`) as it
+    learns it.
+
+    The runner names only the rank whose exit code came back first, a race it can lose (module
+    docstring). Its ``rsh`` logs each exit code, but by host hash and slot on that host: which
+    rank that is depends on the order the runner gave the hosts, known only inside it. The
+    function that runs one rank (``horovod.spark.gloo_run._exec_command_fn``'s) is given the
+    rank, so it is wrapped here, in this process only (Horovod 0.28.1 is its last release).
+    """
+    from horovod.spark import gloo_run
+
+    make_exec_command = gloo_run._exec_command_fn
+
+    def reporting_exec_command_fn(*args: Any, **kwargs: Any) -> Callable[..., tuple[int, float]]:
+        exec_command = make_exec_command(*args, **kwargs)
+
+        def exec_and_report(command: Any, slot_info: Any, events: Any) -> tuple[int, float]:
+            exit_code, stamp = exec_command(command, slot_info, events)
+            # One write: on a local master the ranks write to the same pipe.
+            sys.stdout.write(rank_exit_line(slot_info.rank, exit_code) + "\n")
+            sys.stdout.flush()
+            return exit_code, stamp
+
+        return exec_and_report
+
+    gloo_run._exec_command_fn = reporting_exec_command_fn
+
+
 def run(master: str, num_ranks: int, worker_json: str) -> None:
     """Run ``num_ranks`` ranks on ``worker_json`` as tasks of a Spark session of ``master``."""
     session = _session(master, num_ranks)
     import horovod.spark
+
+    _report_rank_exits()
 
     try:
         horovod.spark.run(
