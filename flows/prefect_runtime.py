@@ -108,7 +108,7 @@ def blocks_on_first_use() -> Iterator[list[str]]:
     names (none when Prefect's blocks were imported before).
 
     Importing Prefect imports them only to define their block classes (SlackWebhook, Twilio,
-    Webhook, ...: about twenty pydantic models, each building its JSON schema for the block
+    Webhook, ...: a dozen pydantic models, each building its JSON schema for the block
     registry), and ``prefect.blocks.webhook`` builds four HTTP transports, two of which load
     the system's CA certificates: ~0.2 of the ~1.0 CPU-s of Prefect's import, in a process
     that never sends a notification. Anything that uses them loads them: an attribute
@@ -146,7 +146,8 @@ def _lookups_load(deferred: list[_FirstUse]) -> None:
     (``prefect/blocks/core.py``), so that installed collections can register theirs."""
     from prefect.blocks import core
 
-    collections = core.load_prefect_collections
+    # Imported there, not re-exported: mypy refuses the attribute itself.
+    collections: Callable[..., Any] = getattr(core, "load_prefect_collections")  # noqa: B009
 
     @functools.wraps(collections)
     def load_collections(*args: Any, **kwargs: Any) -> Any:
