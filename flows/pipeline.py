@@ -39,6 +39,7 @@ from data_catalog.layout import ProcessedLayout
 from flows import stages
 from flows.logs import route_library_logs
 from flows.prefect_runtime import (
+    blocks_on_first_use,
     freeze_imports,
     heartbeats_without_join,
     long_lived_imports,
@@ -54,7 +55,7 @@ from preprocessing.driver import PassProgress
 from training.config import LaunchConfig, TrainConfig
 
 # Last, and apart: what imports Prefect (flows.prefect_runtime says why).
-with long_lived_imports():
+with long_lived_imports(), blocks_on_first_use():
     from prefect import flow, get_run_logger, task
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
     from prefect.cache_policies import NO_CACHE

@@ -2,6 +2,8 @@
 
     import flows.pipeline ─► long_lived_imports(): Prefect imported without garbage
                              collections, its objects then frozen (~0.1 s of its ~1 s)
+                             blocks_on_first_use(): Prefect's notification and webhook
+                             blocks loaded when first used, not at import (~0.2 s)
                              heartbeats_without_join(): a flow run's end waits no longer for
                              its heartbeat thread (up to 1 s per flow run)
     each @flow            ─► parameters_as_json(): its parameters sent to the API as JSON
@@ -18,7 +20,12 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib.machinery
+import importlib.util
 import inspect
+import os
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -50,6 +57,105 @@ def long_lived_imports() -> Iterator[None]:
         gc.freeze()
         if collecting:
             gc.enable()
+
+
+# Modules Prefect's import runs only to define block classes (``prefect/blocks/__init__.py``
+# imports them "to ensure core blocks are registered", and ``prefect/main.py`` the first).
+DEFERRED_BLOCK_MODULES = ("prefect.blocks.notifications", "prefect.blocks.webhook")
+
+
+class _FirstUse:
+    """A module in ``sys.modules`` whose code runs when one of its attributes is first asked
+    for (PEP 562's module ``__getattr__``), or when :meth:`load` is called.
+
+    Not :class:`importlib.util.LazyLoader`: its module loads on any attribute access, and the
+    ``import`` statement itself reads ``__spec__`` (``import_ensure_initialized``), so Prefect's
+    own ``import prefect.blocks.notifications`` would load it at once.
+    """
+
+    def __init__(self, spec: importlib.machinery.ModuleSpec) -> None:
+        self.spec = spec
+        self.module = importlib.util.module_from_spec(spec)
+        self.lock = threading.RLock()
+        self.module.__getattr__ = self.attribute  # type: ignore[method-assign]
+
+    @property
+    def loaded(self) -> bool:
+        return "__getattr__" not in vars(self.module)
+
+    def load(self) -> None:
+        with self.lock:
+            if self.loaded:
+                return
+            del vars(self.module)["__getattr__"]
+            assert self.spec.loader is not None
+            try:
+                self.spec.loader.exec_module(self.module)
+            except BaseException:
+                # As a failed import leaves it: not in sys.modules.
+                sys.modules.pop(self.spec.name, None)
+                raise
+
+    def attribute(self, name: str) -> Any:
+        self.load()
+        return getattr(self.module, name)
+
+
+@contextmanager
+def blocks_on_first_use() -> Iterator[list[str]]:
+    """Around the first import of Prefect: its notification and webhook block modules
+    (:data:`DEFERRED_BLOCK_MODULES`) run their code when first used instead; yields their
+    names (none when Prefect's blocks were imported before).
+
+    Importing Prefect imports them only to define their block classes (SlackWebhook, Twilio,
+    Webhook, ...: a dozen pydantic models, each building its JSON schema for the block
+    registry), and ``prefect.blocks.webhook`` builds four HTTP transports, two of which load
+    the system's CA certificates: ~0.2 of the ~1.0 CPU-s of Prefect's import, in a process
+    that never sends a notification. Anything that uses them loads them: an attribute
+    (``from prefect.blocks.notifications import SlackWebhook``), or a block looked up by its
+    type's slug (``Block.load("slack-webhook/...")``, which calls
+    ``load_prefect_collections`` first: after the import, that loads the deferred modules
+    before it runs).
+    """
+    if "prefect.blocks" in sys.modules:
+        yield []
+        return
+    prefect_spec = importlib.util.find_spec("prefect")  # a top-level spec: imports nothing
+    locations = list((prefect_spec and prefect_spec.submodule_search_locations) or [])
+    blocks = [os.path.join(location, "blocks") for location in locations]
+    deferred: list[_FirstUse] = []
+    for name in DEFERRED_BLOCK_MODULES:
+        # PathFinder, not importlib.util.find_spec: that imports the parent package, whose
+        # __init__ imports these modules.
+        spec = importlib.machinery.PathFinder.find_spec(name, blocks)
+        if spec is None or spec.loader is None:
+            continue
+        module = _FirstUse(spec)
+        sys.modules[name] = module.module
+        deferred.append(module)
+    try:
+        yield [module.spec.name for module in deferred]
+    finally:
+        if deferred and "prefect.blocks.core" in sys.modules:
+            _lookups_load(deferred)
+
+
+def _lookups_load(deferred: list[_FirstUse]) -> None:
+    """Make a block class looked up by its slug find the deferred modules' blocks:
+    ``Block.get_block_class_from_key`` calls ``load_prefect_collections()`` first
+    (``prefect/blocks/core.py``), so that installed collections can register theirs."""
+    from prefect.blocks import core
+
+    # Imported there, not re-exported: mypy refuses the attribute itself.
+    collections: Callable[..., Any] = getattr(core, "load_prefect_collections")  # noqa: B009
+
+    @functools.wraps(collections)
+    def load_collections(*args: Any, **kwargs: Any) -> Any:
+        for module in deferred:
+            module.load()
+        return collections(*args, **kwargs)
+
+    setattr(core, "load_prefect_collections", load_collections)  # noqa: B010
 
 
 def heartbeats_without_join() -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,6 +242,39 @@ def test_a_flow_run_is_recorded_as_prefect_records_it(harness: str, tmp_path: Pa
         recorded_parameters = client.read_flow_run(flow_run_id).parameters
     assert recorded_parameters["cluster"]["memory_limit"] == "1GiB"
     assert recorded_parameters == {**jsonable_encoder(parameters), "skyserver": None}
+
+
+def test_prefects_notification_blocks_load_when_first_used(harness: str, tmp_path: Path) -> None:
+    """A process that imports the flows before Prefect leaves Prefect's notification and
+    webhook block modules unloaded (flows.prefect_runtime.blocks_on_first_use); a notification
+    block saved on the server still loads by its slug there, and its module by name."""
+    from prefect.blocks.notifications import SlackWebhook
+
+    SlackWebhook(url="https://hooks.slack.com/services/T0/B0/shardflow").save(
+        "shardflow-first-use", overwrite=True
+    )
+    script = """
+import json, sys
+import flows.pipeline
+from prefect.blocks.core import Block
+unloaded = [name for name, cls in [("prefect.blocks.notifications", "SlackWebhook"),
+            ("prefect.blocks.webhook", "Webhook")] if cls not in vars(sys.modules[name])]
+block = Block.load("slack-webhook/shardflow-first-use")
+from prefect.blocks.webhook import Webhook
+print(json.dumps({"unloaded": unloaded, "block": type(block).__name__,
+                  "url": block.url.get_secret_value(), "webhook": Webhook.get_block_type_slug()}))
+"""
+    env = {**os.environ, "PREFECT_API_URL": harness, "PREFECT_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "unloaded": ["prefect.blocks.notifications", "prefect.blocks.webhook"],
+        "block": "SlackWebhook",
+        "url": "https://hooks.slack.com/services/T0/B0/shardflow",
+        "webhook": "webhook",
+    }
 
 
 @pytest.mark.parametrize(
