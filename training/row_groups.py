@@ -276,7 +276,7 @@ def cache_memory() -> int:
 def direct_io_wanted(files: SplitFiles, memory: int | None = None) -> bool:
     """Whether to read ``files`` with direct I/O: local files larger than the page cache
     could hold (``memory``, default :func:`cache_memory`), which every epoch would only
-    evict again, on a file system that takes ``O_DIRECT`` (tmpfs does not)."""
+    evict again, on a file system that takes ``O_DIRECT`` (tmpfs before Linux 6.6 does not)."""
     if files.filesystem is not None or not files.groups:
         return False
     if files.nbytes <= (cache_memory() if memory is None else memory):
