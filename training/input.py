@@ -367,32 +367,28 @@ def epoch_batches(
     def drain() -> Iterator[tuple[Any, Any]]:
         nonlocal pending_x, pending_y, held, left
         y = np.concatenate(pending_y)
+        order = rng.permutation(len(y))
+        usable = min(len(y) - len(y) % batch_size, left)
+        taken, rest = order[:usable], order[usable:]
         if _row_by_row(pending_x):
             # Large rows (ImageNet-size images): each row copied once, from the row group
             # it was read in straight into the batch; the rows left over stay views.
             rows = [row for part in pending_x for row in part]
-            order = rng.permutation(len(y))
-            usable = min(len(y) - len(y) % batch_size, left)
-            if usable:
-                yield _gathered_rows(rows, order[:usable]), y[order[:usable]]
-            rest = order[usable:]
+            batch = _gathered_rows(rows, taken) if usable else None
             pending_x = [[rows[i] for i in rest]] if len(rest) else []
         else:
-            rows_held = len(y)
             first = pending_x[0]
-            if not window or len(window[0]) < rows_held or window[0].dtype != first.dtype:
-                window[:] = [np.empty((rows_held, *first.shape[1:]), first.dtype)]
-            x = np.concatenate(pending_x, out=window[0][:rows_held])
-            order = rng.permutation(len(y))
-            usable = min(len(y) - len(y) % batch_size, left)
-            if usable:
-                # One gather into memory TensorFlow can take without a copy (aligned).
-                yield _gathered(x, order[:usable]), y[order[:usable]]
-            rest = order[usable:]
+            if not window or len(window[0]) < len(y) or window[0].dtype != first.dtype:
+                window[:] = [np.empty((len(y), *first.shape[1:]), first.dtype)]
+            x = np.concatenate(pending_x, out=window[0][: len(y)])
+            # One gather into memory TensorFlow can take without a copy (aligned).
+            batch = _gathered(x, taken) if usable else None
             pending_x = [x[rest]]
         left -= usable
         pending_y = [y[rest]]
         held = len(y) - usable
+        if batch is not None:
+            yield batch, y[taken]
 
     try:
         for x, y in chunks:
