@@ -33,7 +33,7 @@ import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -97,8 +97,13 @@ class SplitFiles:
     groups: tuple[RowGroup, ...]
     metadata: dict[str, Any]
     """Each file's Parquet footer, read once."""
-    nbytes: int = 0
-    """The files' bytes (local files; 0 on other file systems)."""
+    sizes: dict[str, int] = field(default_factory=dict)
+    """Each local file's bytes (none on other file systems)."""
+
+    @property
+    def nbytes(self) -> int:
+        """The local files' bytes."""
+        return sum(self.sizes.values())
 
     def open(self, path: str) -> pq.ParquetFile:
         if self.filesystem is None:
@@ -110,7 +115,7 @@ class SplitFiles:
         (local files only: :func:`direct_io_wanted`)."""
         metadata = self.metadata[group.path]
         start, end = _chunk_span(metadata.row_group(group.index), columns)
-        span = _DirectSpan(group.path, start, end)
+        span = _DirectSpan(group.path, self.sizes[group.path], start, end)
         try:
             parquet = pq.ParquetFile(pa.PythonFile(span, mode="r"), metadata=metadata)
             table = parquet.read_row_group(group.index, columns=list(columns), use_threads=False)
@@ -149,8 +154,8 @@ class _DirectSpan:
     wraps them without copying). Reads outside the span are refused: the footer comes from
     the metadata read before."""
 
-    def __init__(self, path: str, start: int, end: int) -> None:
-        self.size = os.path.getsize(path)
+    def __init__(self, path: str, size: int, start: int, end: int) -> None:
+        self.size = size
         self.first = start - start % _DIRECT_ALIGN
         length = -(-(end - self.first) // _DIRECT_ALIGN) * _DIRECT_ALIGN
         self._memory = _MEMORY.take(length)
@@ -317,7 +322,7 @@ def split_files(url: str | tuple[str, ...]) -> SplitFiles:
         ]
     paths = sorted(paths)
     fs = None if local else filesystem
-    nbytes = sum(os.path.getsize(p) for p in paths) if fs is None else 0
+    sizes = {p: os.path.getsize(p) for p in paths} if fs is None else {}
     metadata: dict[str, Any] = {}
     groups: list[RowGroup] = []
     for path in paths:
@@ -330,7 +335,7 @@ def split_files(url: str | tuple[str, ...]) -> SplitFiles:
         groups += [
             RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)
         ]
-    return SplitFiles(filesystem=fs, groups=tuple(groups), metadata=metadata, nbytes=nbytes)
+    return SplitFiles(filesystem=fs, groups=tuple(groups), metadata=metadata, sizes=sizes)
 
 
 def _hidden(part: str) -> bool:
