@@ -252,30 +252,38 @@ class _MemoryPool:
 _MEMORY = _MemoryPool()
 
 
-def cache_memory() -> int:
-    """Bytes of page cache this process could hold at most: the host's memory, or its memory
-    cgroup's limit when lower (v2's ``memory.max``, v1's ``memory.limit_in_bytes``)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    limits = [total]
+def own_memory_cgroup() -> tuple[Path, str] | None:
+    """This process's memory cgroup: its folder and the name of its limit file, cgroup v2's
+    (``memory.max``) where the host has v2, else v1's memory controller's
+    (``memory.limit_in_bytes``); None without either."""
+    root = Path("/sys/fs/cgroup")
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return total
+        return None
+    v2 = (root / "cgroup.controllers").is_file()
     for line in lines:
         _id, controllers, path = line.split(":", 2)
-        if controllers == "":
-            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"
-        elif "memory" in controllers.split(","):
-            candidate = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
-        else:
-            continue
-        try:
-            text = candidate.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            limits.append(int(text))
-    return min(limits)
+        if v2 and controllers == "":
+            return root / path.lstrip("/"), "memory.max"
+        if not v2 and "memory" in controllers.split(","):
+            return root / "memory" / path.lstrip("/"), "memory.limit_in_bytes"
+    return None
+
+
+def cache_memory() -> int:
+    """Bytes of page cache this process could hold at most: the host's memory, or its memory
+    cgroup's limit when lower (:func:`own_memory_cgroup`)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    own = own_memory_cgroup()
+    if own is None:
+        return total
+    folder, limit_file = own
+    try:
+        text = (folder / limit_file).read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(text)) if text.isdigit() else total
 
 
 def direct_io_wanted(files: SplitFiles, memory: int | None = None) -> bool:

@@ -44,7 +44,7 @@ from data_catalog.layout import ProcessedLayout
 from lab.bench.accelerators import Accelerator, lookup
 from lab.bench.storage_rank import PHASES, RankPlan
 from training.input import InputSpec, as_url, plan_steps
-from training.row_groups import split_files
+from training.row_groups import own_memory_cgroup, split_files
 
 Progress = Callable[[str], None]
 
@@ -55,7 +55,6 @@ COLD_FACTOR = 5
 DISK_BOUND = 0.8
 CPU_BOUND = 0.9
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,28 +99,16 @@ def parse_size(text: str) -> int:
 # --- the host: cgroup, page cache, device ------------------------------------------------------
 
 
-def _own_cgroup_v1() -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _id, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return CGROUP_ROOT / "memory" / path.lstrip("/")
-    return None
-
-
 @contextmanager
 def memory_cgroup(limit: int) -> Iterator[Path]:
     """A memory cgroup of ``limit`` bytes (page cache charged to it), below this process's own;
     yields its ``cgroup.procs`` (a process writing "0" there joins it). cgroup v2 where the host
     has it (``memory.max``), else v1's memory controller (``memory.limit_in_bytes``)."""
-    name = f"shardflow-bench-{os.getpid()}"
-    if (CGROUP_ROOT / "cgroup.controllers").is_file():
-        own = Path("/proc/self/cgroup").read_text().split("::", 1)[-1].strip()
-        group, limit_file = CGROUP_ROOT / own.lstrip("/") / name, "memory.max"
-    else:
-        parent = _own_cgroup_v1()
-        if parent is None or not parent.is_dir():
-            raise ShardflowError("--memory-limit needs a memory cgroup (v1 or v2); none here")
-        group, limit_file = parent / name, "memory.limit_in_bytes"
+    own = own_memory_cgroup()
+    if own is None or not own[0].is_dir():
+        raise ShardflowError("--memory-limit needs a memory cgroup (v1 or v2); none here")
+    parent, limit_file = own
+    group = parent / f"shardflow-bench-{os.getpid()}"
     try:
         group.mkdir()
         (group / limit_file).write_text(str(limit))
