@@ -20,14 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lab.bench.image_encodings import read_cold, round_line
 from lab.bench.storage import _joiner, memory_cgroup, parse_size
 
 SIDES = {"buffered": False, "direct": True}
 
 
 def _one(folder: Path, steps: int, direct: bool) -> int:
-    from lab.bench.image_encodings import read_cold
-
     print(json.dumps(read_cold(folder, steps, direct=direct)))
     return 0
 
@@ -65,12 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(done.stderr[-2000:], file=sys.stderr)
                     return 1
                 got = json.loads(done.stdout.strip().splitlines()[-1])
-                print(
-                    f"round {number + 1} {name:8s} rows/s {got['rows_per_second']:7,.0f}  "
-                    f"files {got['file_mb_s']:5.0f} MB/s  decoded {got['decoded_mb_s']:5.0f} MB/s  "
-                    f"{got['cpu_seconds_per_decoded_gb']:.2f} CPU-s/GB  load {got['load']:.1f}",
-                    flush=True,
-                )
+                print(round_line(number, name, got), flush=True)
     return 0
 
 

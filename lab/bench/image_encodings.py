@@ -73,6 +73,15 @@ def read_cold(folder: Path, steps: int, direct: bool | None = None) -> dict[str,
     }
 
 
+def round_line(number: int, name: str, got: dict[str, float]) -> str:
+    """One side's figures of round ``number`` (from 0) as :func:`read_cold` measured them."""
+    return (
+        f"round {number + 1} {name:10s} rows/s {got['rows_per_second']:7,.0f}  "
+        f"files {got['file_mb_s']:5.0f} MB/s  decoded {got['decoded_mb_s']:5.0f} MB/s  "
+        f"{got['cpu_seconds_per_decoded_gb']:.2f} CPU-s/GB  load {got['load']:.1f}"
+    )
+
+
 def _rows(files: list[Path]) -> int:
     import pyarrow.parquet as pq
 
@@ -97,12 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for number in range(args.rounds):
         for name in sides if number % 2 == 0 else reversed(sides):
             got = read_cold(sides[name], args.steps, direct=True if args.direct else None)
-            print(
-                f"round {number + 1} {name:10s} rows/s {got['rows_per_second']:7,.0f}  "
-                f"files {got['file_mb_s']:5.0f} MB/s  decoded {got['decoded_mb_s']:5.0f} MB/s  "
-                f"{got['cpu_seconds_per_decoded_gb']:.2f} CPU-s/GB  load {got['load']:.1f}",
-                flush=True,
-            )
+            print(round_line(number, name, got), flush=True)
     return 0
 
 
