@@ -30,7 +30,7 @@ def measure(model_name: str, side: int, batch_size: int, steps: int, warmup: int
     optimizer = tf.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(0)
-    images = tf.constant(rng.random((batch_size, side, side, 3), dtype=np.float32))
+    images = tf.constant(rng.integers(0, 256, (batch_size, side, side, 3), dtype=np.uint8))
     labels = tf.constant(rng.integers(0, classes, batch_size))
 
     def eager_step() -> Any:

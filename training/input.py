@@ -125,7 +125,7 @@ class InputSpec:
 
     def arrays(self, batch: Any) -> tuple[Any, Any]:
         """(inputs, int64 labels) of a petastorm batch (columnar namedtuple): float32 features,
-        or uint8 pixels (rows, cols, channels) that :func:`to_model_input` scales."""
+        or uint8 pixels (rows, cols, channels), which image models take as they are."""
         labels = np.asarray(getattr(batch, self.label_column), dtype=np.int64)
         if self.kind == "tabular":
             features = np.stack(
@@ -143,13 +143,6 @@ class InputSpec:
     @property
     def stream_dtype(self) -> Any:
         return np.uint8 if self.kind == "images" else np.float32
-
-
-def to_model_input(inputs: Any) -> Any:
-    """What models take: pixel/255 as float32 for uint8 images, features as they are."""
-    if inputs.dtype == np.uint8:
-        return inputs.astype(np.float32) / np.float32(255.0)
-    return inputs
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -480,8 +473,8 @@ def skip_batches(
         rows = 0
 
 
-# The most bytes of one chunk handed to tf.data (each is scaled to float32 at once): whole
-# batches of small images by the hundred, of ImageNet-size ones a few at a time.
+# The most bytes of one chunk handed to tf.data: whole batches of small images by the
+# hundred, of ImageNet-size ones a few at a time.
 CHUNK_BYTES = 16 * 2**20
 
 
@@ -655,10 +648,8 @@ def make_train_dataset(
     )
 
     def as_batches(x: Any, y: Any) -> Any:
-        # A chunk of k whole batches scaled at once and seen as k batches (a reshape, no copy),
-        # each sliced once: not row by row and batched again, nor scaled batch by batch.
-        if x.dtype == tf.uint8:
-            x = tf.cast(x, tf.float32) / 255.0
+        # A chunk of k whole batches seen as k batches (a reshape, no copy), each sliced once,
+        # not row by row and batched again; pixels stay uint8 (the model scales them).
         return tf.data.Dataset.from_tensor_slices(
             (
                 tf.reshape(x, (-1, batch_size, *spec.input_shape)),
@@ -716,13 +707,14 @@ def as_url(location: str | Path | list[str]) -> str | list[str]:
 
 
 def load_split(directory: str | Path | list[str], spec: InputSpec) -> tuple[Any, Any]:
-    """A whole (evaluation) split in memory: (float32 inputs, int64 labels); ``directory`` is
-    a local folder, a URL (s3://...), or the URLs of the split's files."""
+    """A whole (evaluation) split in memory: (inputs as models take them, uint8 pixels or
+    float32 features; int64 labels); ``directory`` is a local folder, a URL (s3://...), or the
+    URLs of the split's files."""
     if spec.format == "petastorm":
         # The order petastorm's reader of seed 1 gave (training.row_groups reads it).
         parts = list(row_group_chunks(as_url(directory), spec, rank=0, num_ranks=1, seed=1))
         inputs = np.concatenate([p[0] for p in parts])
-        return to_model_input(inputs), np.concatenate([p[1] for p in parts])
+        return inputs, np.concatenate([p[1] for p in parts])
     if isinstance(directory, list) or "://" in str(directory):
         import fsspec
 
@@ -741,7 +733,7 @@ def load_split(directory: str | Path | list[str], spec: InputSpec) -> tuple[Any,
             return column.to_pylist() if name == "image" else column.to_numpy()
 
     inputs, labels = spec.arrays(Columns())
-    return to_model_input(inputs), labels
+    return inputs, labels
 
 
 def describe_orders(

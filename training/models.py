@@ -2,7 +2,8 @@
 
 Every model starts with a Normalization layer holding the processed version's statistics
 (mean and standard deviation over the training split, per channel or per feature), so a saved
-model takes what the reader gives it: pixel/255 or raw SDSS features.
+model takes what the reader gives it: uint8 pixels as they are stored (an image model scales
+them to pixel/255 itself, on the accelerator where there is one), or raw SDSS features.
 """
 
 from __future__ import annotations
@@ -53,8 +54,14 @@ def build(
 
     layers = tf.keras.layers
     shape = tuple(int(d) for d in input_shape)
-    inputs = layers.Input(shape=shape)
-    x = inputs
+    if name in IMAGE_MODELS:
+        # uint8 pixels in, scaled in the model: the host hands over a quarter of float32's
+        # bytes and does no arithmetic on them (docs/training.md, "Feeding accelerators").
+        inputs = layers.Input(shape=shape, dtype="uint8")
+        x = layers.Rescaling(1 / 255)(inputs)
+    else:
+        inputs = layers.Input(shape=shape)
+        x = inputs
     if mean is not None and std is not None:
         variance = [max(float(s), 1e-6) ** 2 for s in std]
         x = layers.Normalization(axis=-1, mean=list(mean), variance=variance)(x)

@@ -21,8 +21,20 @@ def test_image_models_give_logits_per_class(name: str, shape: tuple[int, ...]) -
     model = models.build(
         name, input_shape=shape, num_classes=10, mean=[0.5] * shape[-1], std=[0.25] * shape[-1]
     )
-    out = model.predict(np.zeros((2, *shape), np.float32), verbose=0)
+    out = model.predict(np.zeros((2, *shape), np.uint8), verbose=0)
     assert out.shape == (2, 10)
+
+
+def test_image_models_take_uint8_pixels_and_scale_them() -> None:
+    # The reader hands over pixels as stored; the model's first layer makes them pixel / 255,
+    # which the Normalization layer's statistics are of.
+    model = models.build("cnn", input_shape=(12, 12, 1), num_classes=3, mean=[0.5], std=[0.25])
+    assert model.inputs[0].dtype == "uint8"
+    pixels = np.array([0, 51, 255, 128] * 36, np.uint8).reshape(1, 12, 12, 1)
+    scale, normalise = model.layers[1], model.layers[2]
+    np.testing.assert_allclose(
+        normalise(scale(pixels)).numpy().ravel(), ((pixels / 255 - 0.5) / 0.25).ravel(), atol=1e-6
+    )
 
 
 def test_dnn_normalises_its_features() -> None:

@@ -36,7 +36,7 @@ def _build(name: str, seed: int = 0) -> Any:
 def _batches(steps: int, batch: int) -> list[tuple[Any, Any]]:
     rng = np.random.default_rng(1)
     return [
-        (rng.random((batch, *SHAPE), dtype=np.float32), rng.integers(0, 10, batch))
+        (rng.integers(0, 256, (batch, *SHAPE), dtype=np.uint8), rng.integers(0, 10, batch))
         for _ in range(steps)
     ]
 
@@ -105,8 +105,8 @@ def test_parameter_balance_and_modelled_memory(devices: list[str]) -> None:
 def test_refusals() -> None:
     with pytest.raises(ValueError, match="'dnn' cannot be split into stages; splittable: cnn"):
         pp.split(models.build("dnn", input_shape=(8,), num_classes=3), 2)
-    with pytest.raises(ValueError, match="it splits into 1 to 8 stages, not 9"):
-        pp.split(_build("cnn"), 9)
+    with pytest.raises(ValueError, match="it splits into 1 to 9 stages, not 10"):
+        pp.split(_build("cnn"), 10)
     with pytest.raises(ValueError, match="balance must be one of flops, parameters"):
         pp.split(_build("cnn"), 2, balance="bytes")
 

@@ -115,7 +115,11 @@ def test_a_resumed_run_with_dropout_or_augmentation_ends_with_the_uninterrupted_
 ) -> None:
     import tensorflow as tf
 
-    x = np.random.default_rng(0).normal(size=(STEPS * BATCH, *shape)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    if name == "dnn":
+        x = rng.normal(size=(STEPS * BATCH, *shape)).astype(np.float32)
+    else:  # pixels as the reader hands them to image models
+        x = rng.integers(0, 256, (STEPS * BATCH, *shape), dtype=np.uint8)
     y = np.arange(STEPS * BATCH) % 3
     path, kept = tmp_path / checkpoints.STEP_CHECKPOINT, tmp_path / "at-step.npz"
 
