@@ -73,7 +73,11 @@ READERS = 4
 # With direct I/O nothing is read ahead for the reader but what it asks for itself, and the
 # virtual disk here served a rank's random row groups (19 MB requests) faster with more of them
 # under way: 877 against 807 MB/s (medians of 3 alternated cold rounds, 8 against 4 readers).
-READ_AHEAD_DIRECT = 12
+# Decoded row groups wait for the reader beyond the 8 under way only as far as they must: 8
+# ahead read as fast as 12 (755 MB/s both, medians of 4 alternated cold rounds of 60 groups)
+# and hold 4 row groups fewer (76 MB a rank at 224x224x3), which two ResNet-50 ranks in a
+# 2.7 GiB memory cgroup need (bench storage's search, docs/training.md).
+READ_AHEAD_DIRECT = 8
 READERS_DIRECT = 8
 
 
