@@ -118,6 +118,8 @@ def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
     return result, [
         f"flow ÷ plain, best round of each: wall {ratio['wall']:.3f}, CPU-seconds of all "
         f"processes (the Prefect server's included) {ratio['cpu']:.3f}",
+        f"flow ÷ plain, median round of each: wall {result['ratio_median']['wall']:.3f}, "
+        f"CPU {result['ratio_median']['cpu']:.3f}",
         "best: "
         + ", ".join(
             f"{side} {result['seconds'][side]:.1f} s, {result['cpu_seconds'][side]:.1f} CPU-s"

@@ -13,8 +13,9 @@ horovodrun's ranks), and for the flow side the Prefect server's CPU seconds whil
 what the server spent above its idle rate (measured first) until it had written everything the
 run sent (events are written in batches, seconds after they arrive). After each flow round the
 rows and bytes of the server's SQLite database are counted: what one run leaves behind. The
-machines are shared: each side's best round gives the ratios, and every round's figures and the
-load average are reported.
+machines are shared: each side's best round gives the ratios, the medians of each side's rounds
+give them again (one lucky round moves the first, not the second), and every round's figures
+and the load average are reported.
 
 The bench runs the product's commands (``shardflow``, ``python -c 'from flows.pipeline ...'``)
 as subprocesses; it imports nothing of the flows.
@@ -26,6 +27,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -373,6 +375,14 @@ def bench_prefect(
     }
 
 
+def _medians(measured: list[Round], figure: Callable[[Round], float]) -> dict[str, float]:
+    """Each side's median ``figure`` over its rounds."""
+    return {
+        side: statistics.median(figure(r) for r in measured if r.side == side)
+        for side in ("plain", "flow")
+    }
+
+
 def _summary(
     dataset: str, measured: list[Round], empty: dict[str, int], load_before: Any
 ) -> dict[str, Any]:
@@ -383,12 +393,18 @@ def _summary(
         side: min(r.all_cpu_seconds for r in measured if r.side == side)
         for side in ("plain", "flow")
     }
+    median_wall = _medians(measured, lambda r: r.seconds)
+    median_cpu = _medians(measured, lambda r: r.all_cpu_seconds)
     return {
         "benchmark": "prefect",
         "dataset": dataset,
         "ratio": {
             "wall": best_wall["flow"] / best_wall["plain"],
             "cpu": best_cpu["flow"] / best_cpu["plain"],
+        },
+        "ratio_median": {
+            "wall": median_wall["flow"] / median_wall["plain"],
+            "cpu": median_cpu["flow"] / median_cpu["plain"],
         },
         "seconds": best_wall,
         "cpu_seconds": best_cpu,

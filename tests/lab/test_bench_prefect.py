@@ -18,6 +18,8 @@ def test_bench_prefect_quick(shardflow: Callable[..., Result]) -> None:
     result = run.json
     assert [r["side"] for r in result["rounds"]] == ["plain", "flow"]
     assert result["ratio"]["wall"] > 0 and result["ratio"]["cpu"] > 0
+    # One round a side: its median is its best.
+    assert result["ratio_median"] == pytest.approx(result["ratio"])
     flow = result["rounds"][1]
     assert flow["server_cpu_seconds"] > 0  # the server's share is counted
     assert len(result["load_average"]["before"]) == 3
