@@ -126,6 +126,7 @@ def test_bench_storage_quick_reports_every_figure(
     assert result["binding"] in ("disk", "cpu", "decode", "reader")
     assert isinstance(result["max_accelerators"], int) and result["max_accelerators"] >= 0
     assert result["delivered_mb_s"] > 0 and result["read_table_ratio"] > 0
+    assert result["read_table_ratio_median"] > 0 and result["cpu_per_row_ratio_median"] > 0
     assert result["device_read_mb_s"] is None or result["device_read_mb_s"] > 0
     assert result["accelerator"]["accelerator"] == "a100" and result["batch_size"] == 32
     assert [r["rank"] for r in result["per_rank"]] == [0]
@@ -167,3 +168,24 @@ def test_the_search_finds_the_most_accelerators_kept_busy(
     # Doubling, then bisecting: never a count twice, at most 2 log2(8) launches.
     assert len(launched) == len(set(launched)) <= 6
     assert set(tried) == {str(n) for n in launched}
+
+
+def test_one_lucky_round_moves_the_best_ratios_not_the_median_ones() -> None:
+    import statistics
+
+    from lab.bench import storage
+
+    def phase(cpu: float, wall: float) -> dict[str, object]:
+        return {"ranks": [{"cpu": cpu, "rows": 1000, "wall": wall}]}
+
+    steady = {"reader": phase(1.2, 1.0), "read_table": phase(1.0, 1.0)}
+    lucky = {"reader": phase(1.2, 1.0), "read_table": phase(0.5, 0.5)}
+    rounds = [steady, lucky, steady]
+    cpu = storage._cpu_per_row
+    assert cpu(rounds, "reader", 0, min) / cpu(rounds, "read_table", 0, min) == pytest.approx(2.4)
+    median = cpu(rounds, "reader", 0, statistics.median)
+    assert median / cpu(rounds, "read_table", 0, statistics.median) == pytest.approx(1.2)
+    rates = storage._median_rate(rounds, "reader", 0) / storage._median_rate(
+        rounds, "read_table", 0
+    )
+    assert rates == pytest.approx(1.0)
