@@ -1,9 +1,10 @@
 """The models shardflow trains, by name.
 
-Every model starts with a Normalization layer holding the processed version's statistics
-(mean and standard deviation over the training split, per channel or per feature), so a saved
-model takes what the reader gives it: uint8 pixels as they are stored (an image model scales
-them to pixel/255 itself, on the accelerator where there is one), or raw SDSS features.
+Every model holds the processed version's statistics in a Normalization layer (mean and
+standard deviation over the training split, per channel or per feature), its first layer for
+the dnn and, for an image model, right after the layer that scales uint8 pixels to pixel/255
+(on the accelerator where there is one). So a saved model takes what the reader gives it:
+uint8 pixels as they are stored, or raw SDSS features.
 """
 
 from __future__ import annotations

@@ -375,26 +375,29 @@ def bench_prefect(
     }
 
 
-def _medians(measured: list[Round], figure: Callable[[Round], float]) -> dict[str, float]:
-    """Each side's median ``figure`` over its rounds."""
+def _per_side(
+    measured: list[Round],
+    figure: Callable[[Round], float],
+    pick: Callable[[list[float]], float],
+) -> dict[str, float]:
+    """Each side's ``pick`` (min, statistics.median) of ``figure`` over its rounds."""
     return {
-        side: statistics.median(figure(r) for r in measured if r.side == side)
-        for side in ("plain", "flow")
+        side: pick([figure(r) for r in measured if r.side == side]) for side in ("plain", "flow")
     }
 
 
 def _summary(
     dataset: str, measured: list[Round], empty: dict[str, int], load_before: Any
 ) -> dict[str, Any]:
-    best_wall = {
-        side: min(r.seconds for r in measured if r.side == side) for side in ("plain", "flow")
-    }
-    best_cpu = {
-        side: min(r.all_cpu_seconds for r in measured if r.side == side)
-        for side in ("plain", "flow")
-    }
-    median_wall = _medians(measured, lambda r: r.seconds)
-    median_cpu = _medians(measured, lambda r: r.all_cpu_seconds)
+    def wall(r: Round) -> float:
+        return r.seconds
+
+    def cpu(r: Round) -> float:
+        return r.all_cpu_seconds
+
+    best_wall, best_cpu = _per_side(measured, wall, min), _per_side(measured, cpu, min)
+    median_wall = _per_side(measured, wall, statistics.median)
+    median_cpu = _per_side(measured, cpu, statistics.median)
     return {
         "benchmark": "prefect",
         "dataset": dataset,
