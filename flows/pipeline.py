@@ -42,6 +42,7 @@ from flows.prefect_runtime import (
     blocks_on_first_use,
     freeze_imports,
     heartbeats_without_join,
+    logging_settings_on_demand,
     long_lived_imports,
     parameters_as_json,
 )
@@ -56,7 +57,11 @@ from training.config import LaunchConfig, TrainConfig
 
 # Last, and apart: what imports Prefect (flows.prefect_runtime says why).
 with long_lived_imports(), blocks_on_first_use():
-    from prefect import flow, get_run_logger, task
+    # Before prefect.main, whose import sets Prefect's logging up.
+    from flows.prefect_flow import flow
+
+    logging_settings_on_demand()
+    from prefect import get_run_logger, task
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
     from prefect.cache_policies import NO_CACHE
     from prefect.runtime import flow_run

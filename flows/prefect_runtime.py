@@ -4,9 +4,13 @@
                              collections, its objects then frozen (~0.1 s of its ~1 s)
                              blocks_on_first_use(): Prefect's notification and webhook
                              blocks loaded when first used, not at import (~0.2 s)
+                             logging_settings_on_demand(): Prefect's logging setup reads the
+                             three settings its logging.yml names, not all 289 (~0.1 s)
                              heartbeats_without_join(): a flow run's end waits no longer for
                              its heartbeat thread (up to 1 s per flow run)
-    each @flow            ─► parameters_as_json(): its parameters sent to the API as JSON
+    each @flow            ─► flows.prefect_flow.flow: its parameter schema made when first
+                             read, not when defined (~0.15 s for the five)
+                             parameters_as_json(): its parameters sent to the API as JSON
                              without importing FastAPI (~0.1 CPU-s per process)
     each flow run's start ─► freeze_imports(): once per process, the objects made so far
                              (Prefect's ~150,000 models, settings, modules) leave the garbage
@@ -26,12 +30,13 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from prefect import Flow
+    from prefect.settings.base import PrefectBaseSettings
 
 _UNJOINED = "__shardflow_unjoined__"
 
@@ -156,6 +161,108 @@ def _lookups_load(deferred: list[_FirstUse]) -> None:
         return collections(*args, **kwargs)
 
     setattr(core, "load_prefect_collections", load_collections)  # noqa: B010
+
+
+def logging_settings_on_demand() -> bool:
+    """Let Prefect's logging setup serialise only the settings its logging.yml names; whether
+    it (now) does. Call it after ``import prefect`` and before ``prefect.main`` (``from prefect
+    import flow``), whose import sets logging up.
+
+    Prefect 3.8.8's ``load_logging_config`` (``prefect/logging/configuration.py``) fills the
+    ``${NAME}`` placeholders of logging.yml from ``get_current_settings()
+    .to_environment_variables(include_aliases=True)``: all 289 settings as environment
+    variables, each of its 53 groups serialising its subgroups again (0.07-0.19 s), for the
+    three its default file names (PREFECT_LOGGING_LEVEL, PREFECT_SERVER_LOGGING_LEVEL,
+    PREFECT_INTERNAL_LOGGING_LEVEL). Here that call gets a mapping that serialises the group
+    a name belongs to (the one whose ``env_prefix`` begins it) when the name is asked for, and
+    every setting for a name no group gives (an alias): the same values
+    (tests/flows/test_prefect_runtime.py compares every name). ``get_current_settings`` is
+    replaced only in that module, where only ``load_logging_config`` calls it. A Prefect
+    whose module reads settings otherwise is left as it is.
+    """
+    from prefect.logging import configuration
+
+    current: Callable[[], Any] | None = getattr(configuration, "get_current_settings", None)
+    if current is None or not hasattr(configuration, "load_logging_config"):
+        return False
+    if getattr(current, _ON_DEMAND, False):
+        return True
+
+    def settings_for_logging() -> Any:
+        assert current is not None
+        return _SettingsForLogging(current())
+
+    setattr(settings_for_logging, _ON_DEMAND, True)
+    setattr(configuration, "get_current_settings", settings_for_logging)  # noqa: B010
+    return True
+
+
+_ON_DEMAND = "__shardflow_on_demand__"
+
+
+class _SettingsForLogging:
+    """Prefect's settings, their environment variables serialised as they are asked for."""
+
+    def __init__(self, settings: PrefectBaseSettings) -> None:
+        self._settings = settings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._settings, name)
+
+    def to_environment_variables(self, **options: Any) -> Mapping[str, str]:
+        if options != {"include_aliases": True}:
+            return self._settings.to_environment_variables(**options)
+        return SettingsEnvironment(self._settings)
+
+
+class SettingsEnvironment(Mapping[str, str]):
+    """``settings.to_environment_variables(include_aliases=True)``, each name's group
+    serialised when the name is first asked for."""
+
+    def __init__(self, settings: PrefectBaseSettings) -> None:
+        from prefect.settings.base import PrefectBaseSettings
+
+        self._settings = settings
+        self._groups: list[tuple[str, PrefectBaseSettings]] = []
+        pending = [settings]
+        while pending:
+            group = pending.pop()
+            for field in type(group).model_fields:
+                child = getattr(group, field)
+                if isinstance(child, PrefectBaseSettings):
+                    prefix = str(child.model_config.get("env_prefix") or "").upper()
+                    self._groups.append((prefix, child))
+                    pending.append(child)
+        self._groups.sort(key=lambda named: len(named[0]), reverse=True)
+        self._serialised: dict[int, dict[str, str]] = {}
+        self._every: dict[str, str] | None = None
+
+    def _variables(self, group: PrefectBaseSettings) -> dict[str, str]:
+        variables = self._serialised.get(id(group))
+        if variables is None:
+            variables = group.to_environment_variables(include_aliases=True)
+            self._serialised[id(group)] = variables
+        return variables
+
+    def every(self) -> dict[str, str]:
+        if self._every is None:
+            self._every = self._variables(self._settings)
+        return self._every
+
+    def __getitem__(self, name: str) -> str:
+        for prefix, group in self._groups:
+            if prefix and name.startswith(prefix):
+                variables = self._variables(group)
+                if name in variables:
+                    return variables[name]
+                break
+        return self.every()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.every())
+
+    def __len__(self) -> int:
+        return len(self.every())
 
 
 def heartbeats_without_join() -> bool:
