@@ -31,13 +31,12 @@ from prefect.utilities.callables import parameter_schema as _prefects_schema
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_PENDING: Any = object()
 _defining = threading.local()
 
 
 def _schema_unless_deferred(fn: Callable[..., Any]) -> ParameterSchema:
     if getattr(_defining, "deferred", False):
-        return _PENDING  # type: ignore[no-any-return]  # SchemaOnFirstRead.parameters resolves it
+        return None  # type: ignore[return-value]  # SchemaOnFirstRead.parameters makes it
     return _prefects_schema(fn)
 
 
@@ -53,10 +52,12 @@ class SchemaOnFirstRead(Flow[P, R]):
 
     @property
     def parameters(self) -> ParameterSchema:
-        schema = self.__dict__.get("parameters", _PENDING)
-        if schema is _PENDING:
+        # Not made yet: None (also in a copy unpickled elsewhere, where an identity marker
+        # would not survive).
+        schema = self.__dict__.get("parameters")
+        if not isinstance(schema, ParameterSchema):
             schema = self.__dict__["parameters"] = _prefects_schema(self.fn)
-        return schema  # type: ignore[no-any-return]
+        return schema
 
     @parameters.setter
     def parameters(self, schema: ParameterSchema) -> None:

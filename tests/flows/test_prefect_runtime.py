@@ -26,6 +26,19 @@ def test_a_flows_parameter_schema_is_prefects_made_when_first_read() -> None:
         assert made.parameters is made.parameters  # made once
         assert "home" in made.parameters.properties
 
+    # A copy made before its schema was (cloudpickle, as Prefect ships a flow) makes it too.
+    import cloudpickle
+
+    from flows.prefect_flow import flow as our_flow
+
+    @our_flow(name="shardflow-test-pickled")
+    def pickled(rows: int = 5) -> int:
+        return rows
+
+    copy = cloudpickle.loads(cloudpickle.dumps(pickled))
+    assert copy.__dict__["parameters"] is None
+    assert copy.parameters.properties["rows"]["default"] == 5
+
     # A flow defined with Prefect's own decorator, here, still gets its schema at once.
     @flow(name="shardflow-test-prefects-own")
     def prefects_own(rows: int = 3) -> int:
