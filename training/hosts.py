@@ -19,6 +19,7 @@ Local hosts (names that resolve to an address of this machine, as horovodrun dec
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -36,6 +37,9 @@ SSH_OPTIONS = ("-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=n
 CONNECT_TIMEOUT_S = 10
 ASK_TIMEOUT_S = 120.0
 SSH_UNREACHABLE = 255
+# What the remote probe prints for its code (data_catalog.identity.source_fingerprint): picked
+# out of its output, where a library's warning on stderr may come after it.
+FINGERPRINT = re.compile(r"src-[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,9 @@ def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
     with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
         answers = list(pool.map(lambda host: _ask(config, host, probe), remote))
     for answer in answers:
-        last = answer.output.splitlines()[-1] if answer.output else "no output"
+        lines = answer.output.splitlines()
+        last = lines[-1] if lines else "no output"
+        code = next((line for line in reversed(lines) if FINGERPRINT.fullmatch(line.strip())), last)
         if answer.returncode == SSH_UNREACHABLE:
             port = config.ssh_port or 22
             raise ShardflowError(
@@ -125,9 +131,9 @@ def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
                 f"({last}): horovodrun starts every rank with that interpreter in that folder; "
                 "install the same code there (nothing was started)"
             )
-        if last != mine:
+        if code.strip() != mine:
             raise ShardflowError(
-                f"host {answer.host} runs other training code ({last}) than this command "
+                f"host {answer.host} runs other training code ({code}) than this command "
                 f"({mine}): install the same code on every host (nothing was started)"
             )
     return remote
