@@ -2,13 +2,13 @@
 
 Prefect 3.8.8's ``Flow.__init__`` builds ``self.parameters`` (``parameter_schema(fn)``,
 ``prefect/flows.py:363``) when the flow is defined: a pydantic model of the function's
-signature turned into an OpenAPI schema, its docstring parsed by griffe (imported for it).
-``flows.pipeline`` defines five flows; a process runs one of them and never reads a schema:
-running a flow validates its parameters with ``ValidatedFunction`` (still built at definition,
-so a signature pydantic refuses still fails there), and deploying one builds the deployment's
-schema afresh from the function (``parameter_schema(flow)`` in ``prefect/deployments/
-runner.py`` and ``prefect/cli/deploy/_core.py``). Defining the five took ~0.15-0.2 s of a flow
-process's start (docs/prefect.md, "What the flow path costs"). A flow made here is Prefect's
+signature turned into an OpenAPI schema, its docstring parsed by griffe. ``flows.pipeline``
+defines five flows; a process runs one of them and never reads a schema: running a flow
+validates its parameters with ``ValidatedFunction`` (still built at definition, so a signature
+pydantic refuses still fails there), and deploying one builds the deployment's schema afresh
+from the function (``parameter_schema(flow)`` in ``prefect/deployments/runner.py`` and
+``prefect/cli/deploy/_core.py``). Defining the five took ~0.1 CPU-s of a flow process's start,
+~0.02 here (docs/prefect.md, "Two more pieces of the import"). A flow made here is Prefect's
 Flow in every other way, and ``flow.parameters`` gives the same schema, made on first read.
 
 Only ``Flow.__init__`` calls ``prefect.flows.parameter_schema``; the replacement below skips it

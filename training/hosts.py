@@ -118,7 +118,9 @@ def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
     for answer in answers:
         lines = answer.output.splitlines()
         last = lines[-1] if lines else "no output"
-        code = next((line for line in reversed(lines) if FINGERPRINT.fullmatch(line.strip())), last)
+        code = next(
+            (line.strip() for line in reversed(lines) if FINGERPRINT.fullmatch(line.strip())), last
+        )
         if answer.returncode == SSH_UNREACHABLE:
             port = config.ssh_port or 22
             raise ShardflowError(
@@ -131,7 +133,7 @@ def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
                 f"({last}): horovodrun starts every rank with that interpreter in that folder; "
                 "install the same code there (nothing was started)"
             )
-        if code.strip() != mine:
+        if code != mine:
             raise ShardflowError(
                 f"host {answer.host} runs other training code ({code}) than this command "
                 f"({mine}): install the same code on every host (nothing was started)"
