@@ -45,6 +45,7 @@ from flows.prefect_runtime import (
     logging_settings_on_demand,
     long_lived_imports,
     parameters_as_json,
+    verified_tls_shared,
 )
 from flows.results import IngestResult, PipelineResult, PreprocessResult, TrainResult
 from flows.settings import Settings
@@ -72,6 +73,8 @@ with long_lived_imports(), blocks_on_first_use():
 # (flows.prefect_runtime): set before any flow runs, as a deployment's worker only imports this
 # module and calls the flow.
 heartbeats_without_join()
+# Prefect's API clients share one verified TLS context instead of parsing certifi's bundle each.
+verified_tls_shared()
 
 # Set by the CLI's --debug: keep the tracebacks of user errors in the flow logs.
 DEBUG_ENV = "SHARDFLOW_DEBUG"

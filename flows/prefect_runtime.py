@@ -12,6 +12,9 @@
                              read, not when defined (~0.1 s for the five)
                              parameters_as_json(): its parameters sent to the API as JSON
                              without importing FastAPI (~0.1 CPU-s per process)
+    after the import      ─► verified_tls_shared(): Prefect's API clients share one verified
+                             TLS context per CA file instead of each parsing certifi's
+                             bundle again (~0.04 CPU-s a client, three of four per flow run)
     each flow run's start ─► freeze_imports(): once per process, the objects made so far
                              (Prefect's ~150,000 models, settings, modules) leave the garbage
                              collector's care (~0.25 s at the process's exit)
@@ -28,8 +31,10 @@ import importlib.machinery
 import importlib.util
 import inspect
 import os
+import ssl
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -260,6 +265,83 @@ class SettingsEnvironment(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self.every())
+
+
+# Prefect's modules that make a verified TLS context for each API client they build, each
+# from ``ssl.create_default_context(cafile=...)`` (PrefectClient, SyncPrefectClient, the
+# events client's server version check).
+TLS_CONTEXT_MODULES = ("prefect.client.orchestration", "prefect._internal.version_checking")
+_SHARED = "__shardflow_shared__"
+
+
+class _VerifiedContextsShared(types.ModuleType):
+    """The :mod:`ssl` module as a Prefect module sees it, except that a verified context for
+    a CA file is made once (per the file's size and modification time) and shared.
+
+    Only the exact call Prefect makes for a verified context is shared; any other call
+    (Prefect's insecure branch calls ``create_default_context()`` and then changes the
+    context it gets) makes a new one, as :mod:`ssl` does.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("ssl", ssl.__doc__)
+        self._contexts: dict[tuple[str, int, int], ssl.SSLContext] = {}
+        self._lock = threading.Lock()
+        setattr(self, _SHARED, True)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(ssl, name)
+
+    def create_default_context(
+        self,
+        purpose: ssl.Purpose = ssl.Purpose.SERVER_AUTH,
+        *,
+        cafile: str | None = None,
+        capath: str | None = None,
+        cadata: str | bytes | None = None,
+    ) -> ssl.SSLContext:
+        if cafile is None or capath is not None or cadata is not None:
+            return ssl.create_default_context(purpose, cafile=cafile, capath=capath, cadata=cadata)
+        if purpose != ssl.Purpose.SERVER_AUTH:
+            return ssl.create_default_context(purpose, cafile=cafile)
+        stat = os.stat(cafile)  # a missing file fails here as it would in ssl
+        key = (os.path.realpath(cafile), stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            context = self._contexts.get(key)
+            if context is None:
+                context = ssl.create_default_context(purpose, cafile=cafile)
+                self._contexts[key] = context
+        return context
+
+
+def verified_tls_shared() -> list[str]:
+    """Let Prefect's API clients in this process share one verified TLS context per CA file;
+    the modules (of :data:`TLS_CONTEXT_MODULES`) that now do. Call it after Prefect's import.
+
+    Prefect 3.8.8 builds a new ``ssl.create_default_context(cafile=certifi.where())`` for each
+    client it makes (``PrefectClient.__init__``, ``SyncPrefectClient.__init__``,
+    ``check_server_version``): each parses certifi's ~150 CA certificates, 0.04 CPU-s, and a
+    flow run makes four (its engine's client, the events and log workers' clients, the events
+    client's version check, an artifact's synchronous client), whatever the API's scheme. A
+    context that verifies is shared safely: Prefect does not change it after making it, and
+    httpcore, which sets each connection's ALPN protocols on it before the handshake, already
+    shares its own default context between clients. A changed CA file (its size or time)
+    gets a new context; ``PREFECT_API_TLS_INSECURE_SKIP_VERIFY`` still makes a new unverified
+    context each time.
+    """
+    shared = _VerifiedContextsShared()
+    patched: list[str] = []
+    for name in TLS_CONTEXT_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        current = getattr(module, "ssl", None)
+        if getattr(current, _SHARED, False):
+            patched.append(name)
+        elif current is ssl:
+            setattr(module, "ssl", shared)  # noqa: B010
+            patched.append(name)
+    return patched
 
 
 def heartbeats_without_join() -> bool:
