@@ -321,8 +321,8 @@ def verified_tls_shared() -> list[str]:
     Prefect 3.8.8 builds a new ``ssl.create_default_context(cafile=certifi.where())`` for each
     client it makes (``PrefectClient.__init__``, ``SyncPrefectClient.__init__``,
     ``check_server_version``): each parses certifi's ~150 CA certificates, 0.04 CPU-s, and a
-    flow run makes four (its engine's client, the events and log workers' clients, the events
-    client's version check, an artifact's synchronous client), whatever the API's scheme. A
+    flow run makes four (its engine's synchronous client, the asynchronous clients of Prefect's
+    log and events workers, the events client's version check), whatever the API's scheme. A
     context that verifies is shared safely: Prefect does not change it after making it, and
     httpcore, which sets each connection's ALPN protocols on it before the handshake, already
     shares its own default context between clients. A changed CA file (its size or time)
