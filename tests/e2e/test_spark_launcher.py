@@ -4,6 +4,7 @@ Its refusals are one line each, and no JVM, Spark worker or rank outlives a kill
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 from collections.abc import Callable
@@ -107,6 +108,20 @@ def _ranks_running(home: Path, command: psutil.Process) -> bool:
     return len(ranks) == 2 and any(home.glob("runs/*/tensorboard/train/*"))
 
 
+def _all_gone(home: Path, what: str, seconds: float = 30) -> None:
+    """Wait until no process of ``home`` is left; failing, name each one left (its pid, parent,
+    state, command line): a run of the suite once found some still there after 30 s, and
+    alone, or beside four busy loops, the same kill leaves nothing after 4 s."""
+    try:
+        wait_for(what, lambda: processes_of(home) == [], seconds)
+    except pytest.fail.Exception as failed:
+        left = []
+        for proc in processes_of(home):
+            with contextlib.suppress(psutil.Error):
+                left.append(f"{proc.pid} (parent {proc.ppid()}, {proc.status()}): {cmdline(proc)}")
+        pytest.fail(f"{failed}; left: " + "; ".join(left))
+
+
 def test_sigkill_of_train_stops_the_jvm_the_spark_workers_and_every_rank(
     home: Path, tmp_path: Path
 ) -> None:
@@ -117,11 +132,7 @@ def test_sigkill_of_train_stops_the_jvm_the_spark_workers_and_every_rank(
 
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        wait_for(
-            "the JVM, Spark's Python workers and the ranks gone after SIGKILL of train",
-            lambda: processes_of(home) == [],
-            30,
-        )
+        _all_gone(home, "the JVM, Spark's Python workers and the ranks gone after SIGKILL of train")
 
 
 def test_a_rank_killed_inside_its_spark_task_is_one_line_and_stops_everything(
@@ -140,4 +151,4 @@ def test_a_rank_killed_inside_its_spark_task_is_one_line_and_stops_everything(
         # The killed rank, though the runner may learn first of its peer's end (exit code 1).
         assert f"rank {killed} ended with exit code 137 (SIGKILL)" in said[0], said[0]
         assert "Horovod's Spark runner stopped the other ranks" in said[0]
-        wait_for("nothing left after the failed run", lambda: processes_of(home) == [], 30)
+        _all_gone(home, "nothing left after the failed run")
