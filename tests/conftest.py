@@ -8,8 +8,11 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +163,17 @@ def shardflow(shardflow_home: Path, tmp_path: Path) -> Callable[..., Result]:
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     return run
+
+
+@contextmanager
+def serving(server: HTTPServer, scheme: str = "http") -> Iterator[str]:
+    """``server`` (bound to 127.0.0.1) answering in a thread while the block runs; yields its
+    base URL (``http://127.0.0.1:PORT``, no slash). Shut down and closed after."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

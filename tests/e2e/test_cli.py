@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from preprocessing.sources import idx
-from tests.conftest import Result
+from tests.conftest import Result, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -23,13 +22,8 @@ def http_source(real_mnist: Path) -> Iterator[str]:
     """The MNIST IDX files served over HTTP on loopback."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(real_mnist))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(server) as url:
+        yield url + "/"
 
 
 def ok(result: Result) -> Result:

@@ -26,7 +26,7 @@ import pytest
 from data_catalog import Catalog
 from preprocessing.sources import mnist
 from preprocessing.sources.fetch import _url_key
-from tests.conftest import FASHION_MNIST_DIR, Result, write_idx_set
+from tests.conftest import FASHION_MNIST_DIR, Result, serving, write_idx_set
 from tests.preprocessing.sources.skyserver_standin import StandIn, serve, synthetic_rows
 
 pytestmark = pytest.mark.e2e
@@ -107,13 +107,8 @@ def http_subset(fashion_subset: Path) -> Iterator[str]:
 
     handler = functools.partial(Quiet, directory=fashion_subset)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(server) as url:
+        yield url + "/"
 
 
 # ---------------------------------------------------------------------------------------------

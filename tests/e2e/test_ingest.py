@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from data_catalog import Catalog, Manifest
 from preprocessing.sources.synth import write_sdss_exports
-from tests.conftest import Result
+from tests.conftest import Result, serving
 from tests.data_catalog.test_s3 import CREDENTIALS, bucket, endpoint  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.e2e
@@ -143,13 +142,8 @@ def http_exports(exports: Path) -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(exports))
     )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(server) as url:
+        yield url + "/"
 
 
 def _data(manifest: Manifest) -> tuple[object, ...]:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import http.server
 import ipaddress
 import ssl
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import serving
 
 
 def test_a_flows_parameter_schema_is_prefects_made_when_first_read() -> None:
@@ -140,13 +141,8 @@ def _https_health(cert: Path, key: Path) -> Iterator[str]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}/api"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(server, scheme="https") as url:
+        yield url + "/api"
 
 
 def test_prefects_clients_share_one_verified_tls_context(tmp_path: Path) -> None:

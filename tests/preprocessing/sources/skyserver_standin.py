@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from preprocessing.sources import sdss
+from tests.conftest import serving
 
 PATH = "/dr17/en/tools/search/x_results.aspx"
 HEADER = ",".join(name for name, _t, _c, _k in sdss.COLUMNS)
@@ -178,11 +179,5 @@ def serve(standin: StandIn) -> Iterator[StandIn]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    standin.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serving(server) as standin.url:
         yield standin
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -5,7 +5,6 @@ import hashlib
 import math
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +21,7 @@ from preprocessing.sources import exports
 from preprocessing.sources.errors import SourceError
 from preprocessing.sources.exports import convert_export
 from preprocessing.sources.synth import write_sdss_exports
+from tests.conftest import serving
 from tests.preprocessing.sources.skyserver_standin import BIG_SPECOBJID, HEADER, synthetic_rows
 
 NAMES = HEADER.split(",")
@@ -325,14 +325,8 @@ def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(server) as url:
+        yield root, url
 
 
 def test_http_url_gives_the_same_digests(
