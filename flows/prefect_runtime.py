@@ -271,7 +271,6 @@ class SettingsEnvironment(Mapping[str, str]):
 # from ``ssl.create_default_context(cafile=...)`` (PrefectClient, SyncPrefectClient, the
 # events client's server version check).
 TLS_CONTEXT_MODULES = ("prefect.client.orchestration", "prefect._internal.version_checking")
-_SHARED = "__shardflow_shared__"
 
 
 class _VerifiedContextsShared(types.ModuleType):
@@ -287,7 +286,6 @@ class _VerifiedContextsShared(types.ModuleType):
         super().__init__("ssl", ssl.__doc__)
         self._contexts: dict[tuple[str, int, int], ssl.SSLContext] = {}
         self._lock = threading.Lock()
-        setattr(self, _SHARED, True)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(ssl, name)
@@ -300,10 +298,13 @@ class _VerifiedContextsShared(types.ModuleType):
         capath: str | None = None,
         cadata: str | bytes | None = None,
     ) -> ssl.SSLContext:
-        if cafile is None or capath is not None or cadata is not None:
+        if (
+            cafile is None
+            or capath is not None
+            or cadata is not None
+            or purpose != ssl.Purpose.SERVER_AUTH
+        ):
             return ssl.create_default_context(purpose, cafile=cafile, capath=capath, cadata=cadata)
-        if purpose != ssl.Purpose.SERVER_AUTH:
-            return ssl.create_default_context(purpose, cafile=cafile)
         stat = os.stat(cafile)  # a missing file fails here as it would in ssl
         key = (os.path.realpath(cafile), stat.st_size, stat.st_mtime_ns)
         with self._lock:
@@ -336,7 +337,7 @@ def verified_tls_shared() -> list[str]:
         if module is None:
             continue
         current = getattr(module, "ssl", None)
-        if getattr(current, _SHARED, False):
+        if isinstance(current, _VerifiedContextsShared):
             patched.append(name)
         elif current is ssl:
             setattr(module, "ssl", shared)  # noqa: B010

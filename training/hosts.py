@@ -118,9 +118,8 @@ def check_hosts(config: LaunchConfig, num_ranks: int) -> list[str]:
     for answer in answers:
         lines = answer.output.splitlines()
         last = lines[-1] if lines else "no output"
-        code = next(
-            (line.strip() for line in reversed(lines) if FINGERPRINT.fullmatch(line.strip())), last
-        )
+        stripped = (line.strip() for line in reversed(lines))
+        code = next((line for line in stripped if FINGERPRINT.fullmatch(line)), last)
         if answer.returncode == SSH_UNREACHABLE:
             port = config.ssh_port or 22
             raise ShardflowError(
