@@ -111,7 +111,9 @@ def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
         name: value if value is not None else (quick[name] if args.quick else default)
         for (name, value), default in zip(given.items(), (2_000_000, 2_000, 2, 1), strict=True)
     }
-    result = bench_prefect(args.dataset, source=args.source, progress=ctx.progress, **sizes)
+    result = bench_prefect(
+        args.dataset, source=args.source, split=args.split, progress=ctx.progress, **sizes
+    )
     ratio, load = result["ratio"], result["load_average"]
     run = result["prefect_database"]["per_flow_run"]
     after, empty = result["prefect_database"]["after"], result["prefect_database"]["empty"]
@@ -123,21 +125,40 @@ def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
         "best: "
         + ", ".join(
             f"{side} {result['seconds'][side]:.1f} s, {result['cpu_seconds'][side]:.1f} CPU-s"
-            for side in ("plain", "flow")
+            for side in result["seconds"]
         )
         + f"; load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after",
+        *_split_lines(result),
         *(
             [
                 "one flow run in the Prefect database: "
                 + ", ".join(f"{v:,} {k}" for k, v in run.items() if not k.startswith("bytes"))
                 + f"; {run['bytes'] / 1e6:.2f} MB",
-                f"the Prefect database after {len(result['rounds']) // 2} flow runs: "
+                f"the Prefect database after {_flow_runs(result)} flow runs: "
                 f"{after['bytes'] / 1e6:.2f} MB in use ({empty['bytes'] / 1e6:.2f} MB empty), "
                 f"{after['bytes_on_disk'] / 1e6:.2f} MB on disk",
             ]
             if run
             else []
         ),
+    ]
+
+
+def _flow_runs(result: dict[str, Any]) -> int:
+    return sum(r["side"] == "flow" for r in result["rounds"])
+
+
+def _split_lines(result: dict[str, Any]) -> list[str]:
+    """With --split: the flow's extra cost at the medians, Prefect's import and the flow run."""
+    if "split" not in result:
+        return []
+    imported, run = result["split"]["prefect_import"], result["split"]["flow_run"]
+    ratio = result["ratio_median_import"]
+    return [
+        f"of the flow's extra at the medians: Prefect's import {imported['wall']:+.2f} s, "
+        f"{imported['cpu']:+.2f} CPU-s (the plain command in a process that imported it ÷ "
+        f"plain: wall {ratio['wall']:.3f}, CPU {ratio['cpu']:.3f}); the flow run on top "
+        f"{run['wall']:+.2f} s, {run['cpu']:+.2f} CPU-s (the server's share included)"
     ]
 
 
@@ -357,6 +378,13 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     bench.add_argument(
         "--source", help="prefect fashion-mnist: the IDX files (default: the dataset's own)"
+    )
+    bench.add_argument(
+        "--split",
+        action="store_true",
+        help="prefect sdss: a third side, the plain ingest in a process that imported Prefect "
+        "as a flow process does, to split the flow's extra cost into Prefect's import and the "
+        "flow run",
     )
     bench.add_argument(
         "--preprocess",

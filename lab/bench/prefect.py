@@ -5,7 +5,14 @@
                      flow  ─ flows.pipeline.ingest_flow("sdss", source=DIR), on the server
       fashion-mnist  plain ─ `shardflow ingest`, `preprocess`, `train` one after the other
                      flow  ─ `shardflow run` (the pipeline flow), on the server
-    rounds alternate the sides (plain, flow, flow, plain, ...), each in a fresh SHARDFLOW_HOME
+      sdss --split   import ─ the plain side's command in a process that first imported
+                              flows.pipeline (Prefect, as a flow process has it), no server
+    rounds alternate the sides (plain, flow, flow, plain, ...; with --split each round another
+    order of the three), each in a fresh SHARDFLOW_HOME
+
+With --split, the flow's extra cost at the medians is split in two: import minus plain is what
+importing Prefect costs a process; flow minus import is what the flow run costs on top of it (the
+engine, its API calls, the server's share).
 
 Each side is measured as a user runs it, from outside: a fresh process, its wall seconds, the
 CPU seconds of it and of every process it waited for (``os.wait4``: its Dask workers,
@@ -57,6 +64,12 @@ PREFECT_TABLES = (
 )
 INGEST_FLOW = (
     "import sys; from flows.pipeline import ingest_flow; ingest_flow('sdss', source=sys.argv[1])"
+)
+SIDES = ("plain", "import", "flow")
+# `shardflow ingest sdss --source DIR` in a process that has imported what a flow process does.
+INGEST_AFTER_PREFECT = (
+    "import sys, flows.pipeline; from flows.cli import main; "
+    "sys.exit(main(['ingest', 'sdss', '--source', sys.argv[1]]))"
 )
 
 
@@ -273,23 +286,29 @@ def _round(
     )
 
 
-def _sides(dataset: str, source: Path, *, epochs: int) -> tuple[Side, Side]:
+def _sides(dataset: str, source: Path, *, epochs: int, split: bool) -> list[Side]:
     shardflow = str(BIN / "shardflow")
     if dataset == "sdss":
-        return (
+        imported = Side(
+            name="import",
+            commands=[[sys.executable, "-c", INGEST_AFTER_PREFECT, str(source)]],
+            needs_server=False,
+        )
+        return [
             Side(
                 name="plain",
                 commands=[[shardflow, "ingest", "sdss", "--source", str(source)]],
                 needs_server=False,
             ),
+            *([imported] if split else []),
             Side(
                 name="flow",
                 commands=[[sys.executable, "-c", INGEST_FLOW, str(source)]],
                 needs_server=True,
             ),
-        )
+        ]
     train = ["--np", "2", "--epochs", str(epochs)]
-    return (
+    return [
         Side(
             name="plain",
             commands=[
@@ -304,13 +323,18 @@ def _sides(dataset: str, source: Path, *, epochs: int) -> tuple[Side, Side]:
             commands=[[shardflow, "run", dataset, "--source", str(source), *train]],
             needs_server=True,
         ),
-    )
+    ]
 
 
-def _order(rounds: int) -> list[str]:
-    """plain, flow, flow, plain, plain, flow, ...: each side first as often as the other."""
-    pairs = [("plain", "flow") if n % 2 == 0 else ("flow", "plain") for n in range(rounds)]
-    return [side for pair in pairs for side in pair]
+def _order(rounds: int, sides: Sequence[str] = ("plain", "flow")) -> list[str]:
+    """Two sides: plain, flow, flow, plain, plain, flow, ...; three: each round the next
+    rotation (a b c, b c a, c a b, ...). Each side in each place as often as the others."""
+    if len(sides) == 2:
+        first, second = sides
+        pairs = [(first, second) if n % 2 == 0 else (second, first) for n in range(rounds)]
+        return [side for pair in pairs for side in pair]
+    turns = [[*sides[n % len(sides) :], *sides[: n % len(sides)]] for n in range(rounds)]
+    return [side for turn in turns for side in turn]
 
 
 def _per_run(rounds: list[Round], empty: dict[str, int]) -> dict[str, int]:
@@ -330,13 +354,17 @@ def bench_prefect(
     source: str | None = None,
     epochs: int = 1,
     rounds: int = 2,
+    split: bool = False,
     progress: Progress = lambda _msg: None,
 ) -> dict[str, Any]:
     """The flow path ÷ the plain path (see the module docstring): sdss ingests ``rows``
     synthetic rows in ``files`` exports; fashion-mnist runs the whole pipeline on ``source``
-    (default: the dataset's own) with ``epochs`` epochs on 2 ranks."""
+    (default: the dataset's own) with ``epochs`` epochs on 2 ranks. ``split`` (sdss) adds the
+    import side, which splits the flow's extra cost into Prefect's import and the flow run."""
     if dataset not in ("sdss", "fashion-mnist"):
         raise ShardflowError("bench prefect measures sdss (ingest) or fashion-mnist (pipeline)")
+    if split and dataset != "sdss":
+        raise ShardflowError("bench prefect --split measures the sdss ingest only")
     load_before = os.getloadavg()
     measured: list[Round] = []
     with tempfile.TemporaryDirectory(prefix="shardflow-bench-prefect-") as tmp:
@@ -353,14 +381,15 @@ def bench_prefect(
             from preprocessing.datasets import DEBIAN_FASHION_MNIST
 
             input_path = Path(source or DEBIAN_FASHION_MNIST)
-        plain, flow = _sides(dataset, input_path, epochs=epochs)
+        sides = {
+            side.name: side for side in _sides(dataset, input_path, epochs=epochs, split=split)
+        }
         with prefect_server(scratch, progress) as server:
             empty = server.rows()
             idle_rate = server.idle_cpu_rate()
             progress(f"bench prefect: the idle server uses {idle_rate:.3f} CPU-s per second")
-            for number, name in enumerate(_order(rounds)):
-                side = plain if name == "plain" else flow
-                measured.append(_round(side, scratch, number, server, idle_rate))
+            for number, name in enumerate(_order(rounds, tuple(sides))):
+                measured.append(_round(sides[name], scratch, number, server, idle_rate))
                 r = measured[-1]
                 progress(
                     f"bench prefect: round {number + 1}, {r.side}: {r.seconds:.1f} s, "
@@ -381,8 +410,28 @@ def _per_side(
     pick: Callable[[list[float]], float],
 ) -> dict[str, float]:
     """Each side's ``pick`` (min, statistics.median) of ``figure`` over its rounds."""
+    sides = [side for side in SIDES if any(r.side == side for r in measured)]
+    return {side: pick([figure(r) for r in measured if r.side == side]) for side in sides}
+
+
+def _split(median_wall: dict[str, float], median_cpu: dict[str, float]) -> dict[str, Any]:
+    """The flow's extra cost at the medians, in two: ``prefect_import`` (import minus plain) and
+    ``flow_run`` (flow minus import, the server's share included); and import ÷ plain."""
+    if "import" not in median_wall:
+        return {}
+
+    def part(upper: str, lower: str) -> dict[str, float]:
+        return {
+            "wall": median_wall[upper] - median_wall[lower],
+            "cpu": median_cpu[upper] - median_cpu[lower],
+        }
+
     return {
-        side: pick([figure(r) for r in measured if r.side == side]) for side in ("plain", "flow")
+        "split": {"prefect_import": part("import", "plain"), "flow_run": part("flow", "import")},
+        "ratio_median_import": {
+            "wall": median_wall["import"] / median_wall["plain"],
+            "cpu": median_cpu["import"] / median_cpu["plain"],
+        },
     }
 
 
@@ -418,4 +467,4 @@ def _summary(
         },
         "rounds": [asdict(r) for r in measured],
         "load_average": {"before": load_before, "after": os.getloadavg()},
-    }
+    } | _split(median_wall, median_cpu)
