@@ -122,6 +122,7 @@ def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
         f"processes (the Prefect server's included) {ratio['cpu']:.3f}",
         f"flow ÷ plain, median round of each: wall {result['ratio_median']['wall']:.3f}, "
         f"CPU {result['ratio_median']['cpu']:.3f}",
+        *_paired_lines(result["ratio_paired"]),
         "best: "
         + ", ".join(
             f"{side} {result['seconds'][side]:.1f} s, {result['cpu_seconds'][side]:.1f} CPU-s"
@@ -141,6 +142,17 @@ def _prefect(ctx: Context, args: argparse.Namespace) -> tuple[dict[str, Any], li
             if run
             else []
         ),
+    ]
+
+
+def _paired_lines(paired: dict[str, dict[str, float]]) -> list[str]:
+    if not paired:
+        return []
+    wall, cpu = paired["wall"], paired["cpu"]
+    return [
+        f"flow ÷ plain within each turn, median (least-most): wall {wall['median']:.3f} "
+        f"({wall['min']:.2f}-{wall['max']:.2f}), CPU {cpu['median']:.3f} "
+        f"({cpu['min']:.2f}-{cpu['max']:.2f})"
     ]
 
 

@@ -21,8 +21,10 @@ what the server spent above its idle rate (measured first) until it had written 
 run sent (events are written in batches, seconds after they arrive). After each flow round the
 rows and bytes of the server's SQLite database are counted: what one run leaves behind. The
 machines are shared: each side's best round gives the ratios, the medians of each side's rounds
-give them again (one lucky round moves the first, not the second), and every round's figures
-and the load average are reported.
+give them again (one lucky round moves the first, not the second), and so do the ratios within
+each turn (its sides' rounds one after the other: the machine's pace drifts less within a turn
+than across a run), their median, least and most; every round's figures and the load average
+are reported.
 
 The bench runs the product's commands (``shardflow``, ``python -c 'from flows.pipeline ...'``)
 as subprocesses; it imports nothing of the flows.
@@ -414,6 +416,24 @@ def _per_side(
     return {side: pick([figure(r) for r in measured if r.side == side]) for side in sides}
 
 
+def _paired(measured: list[Round]) -> dict[str, dict[str, float]]:
+    """flow ÷ plain within each turn (the sides' rounds run one after the other, in one
+    order: the machine's pace changes less within a turn than across the run): the median,
+    least and most of the turns' ratios."""
+    sides = len({r.side for r in measured})
+    ratios: dict[str, list[float]] = {"wall": [], "cpu": []}
+    for start in range(0, len(measured) - sides + 1, sides):
+        turn = {r.side: r for r in measured[start : start + sides]}
+        if {"plain", "flow"} <= set(turn):
+            ratios["wall"].append(turn["flow"].seconds / turn["plain"].seconds)
+            ratios["cpu"].append(turn["flow"].all_cpu_seconds / turn["plain"].all_cpu_seconds)
+    return {
+        figure: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+        for figure, v in ratios.items()
+        if v
+    }
+
+
 def _split(median_wall: dict[str, float], median_cpu: dict[str, float]) -> dict[str, Any]:
     """The flow's extra cost at the medians, in two: ``prefect_import`` (import minus plain) and
     ``flow_run`` (flow minus import, the server's share included); and import ÷ plain."""
@@ -467,4 +487,5 @@ def _summary(
         },
         "rounds": [asdict(r) for r in measured],
         "load_average": {"before": load_before, "after": os.getloadavg()},
+        "ratio_paired": _paired(measured),
     } | _split(median_wall, median_cpu)

@@ -19,6 +19,10 @@ def test_bench_prefect_quick_split(shardflow: Callable[..., Result]) -> None:
     assert result["ratio"]["wall"] > 0 and result["ratio"]["cpu"] > 0
     # One round a side: its median is its best.
     assert result["ratio_median"] == pytest.approx(result["ratio"])
+    paired = result["ratio_paired"]  # one turn: its ratio is the median, least and most
+    assert paired["cpu"] == pytest.approx(
+        dict.fromkeys(("median", "min", "max"), result["ratio"]["cpu"])
+    )
     flow = result["rounds"][2]
     assert flow["server_cpu_seconds"] > 0  # the server's share is counted
     assert result["rounds"][1]["server_cpu_seconds"] == 0  # the import side has no server
