@@ -329,12 +329,8 @@ def _sides(dataset: str, source: Path, *, epochs: int, split: bool) -> list[Side
 
 
 def _order(rounds: int, sides: Sequence[str] = ("plain", "flow")) -> list[str]:
-    """Two sides: plain, flow, flow, plain, plain, flow, ...; three: each round the next
-    rotation (a b c, b c a, c a b, ...). Each side in each place as often as the others."""
-    if len(sides) == 2:
-        first, second = sides
-        pairs = [(first, second) if n % 2 == 0 else (second, first) for n in range(rounds)]
-        return [side for pair in pairs for side in pair]
+    """Each round the next rotation of ``sides``: plain, flow, flow, plain, ...; with three,
+    a b c, b c a, c a b, ... Each side in each place as often as the others."""
     turns = [[*sides[n % len(sides) :], *sides[: n % len(sides)]] for n in range(rounds)]
     return [side for turn in turns for side in turn]
 
@@ -448,11 +444,13 @@ def _split(median_wall: dict[str, float], median_cpu: dict[str, float]) -> dict[
 
     return {
         "split": {"prefect_import": part("import", "plain"), "flow_run": part("flow", "import")},
-        "ratio_median_import": {
-            "wall": median_wall["import"] / median_wall["plain"],
-            "cpu": median_cpu["import"] / median_cpu["plain"],
-        },
+        "ratio_median_import": _ratio(median_wall, median_cpu, "import"),
     }
+
+
+def _ratio(wall: dict[str, float], cpu: dict[str, float], upper: str = "flow") -> dict[str, float]:
+    """``upper`` ÷ plain, in wall and in CPU seconds."""
+    return {"wall": wall[upper] / wall["plain"], "cpu": cpu[upper] / cpu["plain"]}
 
 
 def _summary(
@@ -470,14 +468,8 @@ def _summary(
     return {
         "benchmark": "prefect",
         "dataset": dataset,
-        "ratio": {
-            "wall": best_wall["flow"] / best_wall["plain"],
-            "cpu": best_cpu["flow"] / best_cpu["plain"],
-        },
-        "ratio_median": {
-            "wall": median_wall["flow"] / median_wall["plain"],
-            "cpu": median_cpu["flow"] / median_cpu["plain"],
-        },
+        "ratio": _ratio(best_wall, best_cpu),
+        "ratio_median": _ratio(median_wall, median_cpu),
         "seconds": best_wall,
         "cpu_seconds": best_cpu,
         "prefect_database": {
